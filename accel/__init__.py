@@ -1,0 +1,53 @@
+"""accel: one PyTorch training loop on CPU, CUDA or XLA, in one process or many.
+
+Names are imported lazily so that ``import accel`` stays cheap (``accel --help`` does not import
+torch at all).
+
+Example:
+    >>> import accel
+    >>> accel.__version__
+    '0.1.0'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "Accelerator": "accel.accelerator",
+    "AutocastKwargs": "accel.config",
+    "DataLoaderConfiguration": "accel.config",
+    "DistributedDataParallelKwargs": "accel.config",
+    "DistributedType": "accel.config",
+    "GradScalerKwargs": "accel.config",
+    "GradientAccumulationPlugin": "accel.config",
+    "InitProcessGroupKwargs": "accel.config",
+    "PrecisionType": "accel.config",
+    "ProjectConfiguration": "accel.config",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .accelerator import Accelerator
+    from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
+                         DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
+                         InitProcessGroupKwargs, PrecisionType, ProjectConfiguration)

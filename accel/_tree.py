@@ -1,0 +1,88 @@
+"""Walk nested dict/list/tuple (and namedtuple, dataclass-like Mappings) structures of tensors.
+
+Example:
+    >>> import torch
+    >>> leaves, rebuild = flatten({"a": torch.ones(2), "b": (torch.zeros(1), 3)})
+    >>> len(leaves)
+    2
+    >>> rebuild([x * 2 for x in leaves])["a"].tolist()
+    [2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["apply", "flatten", "is_namedtuple"]
+
+
+def is_namedtuple(data: Any) -> bool:
+    return isinstance(data, tuple) and hasattr(data, "_fields")
+
+
+def _rebuild_mapping(data: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    try:
+        return type(data)(items)
+    except TypeError:  # a Mapping type that cannot be built from a dict: hand back a dict
+        return items
+
+
+def apply(fn: Callable[[torch.Tensor], Any], data: Any, strict: bool = False) -> Any:
+    """Return ``data`` with ``fn`` applied to every tensor leaf (structure and types kept).
+
+    Non-tensor leaves are returned unchanged, or rejected with ``TypeError`` when ``strict``.
+    """
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if is_namedtuple(data):
+        return type(data)(*(apply(fn, item, strict) for item in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(apply(fn, item, strict) for item in data)
+    if isinstance(data, Mapping):
+        return _rebuild_mapping(data, {k: apply(fn, v, strict) for k, v in data.items()})
+    if strict:
+        raise TypeError(
+            f"expected tensors or nested dict/list/tuple of tensors, found {type(data).__name__}; "
+            "convert it to a tensor (or use gather_object for arbitrary Python objects)"
+        )
+    return data
+
+
+def flatten(data: Any, strict: bool = True) -> tuple[list[torch.Tensor], Callable[[list[Any]], Any]]:
+    """Collect tensor leaves in a fixed order and return a function that rebuilds the structure."""
+    leaves: list[torch.Tensor] = []
+
+    def collect(tensor: torch.Tensor) -> _Slot:
+        leaves.append(tensor)
+        return _Slot(len(leaves) - 1)
+
+    skeleton = apply(collect, data, strict)
+
+    def rebuild(values: list[Any]) -> Any:
+        return apply_indices(skeleton, values)
+
+    return leaves, rebuild
+
+
+class _Slot:
+    """Marks where a tensor leaf was (a plain int could be a real leaf of the structure)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def apply_indices(skeleton: Any, values: list[Any]) -> Any:
+    if isinstance(skeleton, _Slot):
+        return values[skeleton.index]
+    if is_namedtuple(skeleton):
+        return type(skeleton)(*(apply_indices(item, values) for item in skeleton))
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(apply_indices(item, values) for item in skeleton)
+    if isinstance(skeleton, Mapping):
+        return _rebuild_mapping(skeleton, {k: apply_indices(v, values) for k, v in skeleton.items()})
+    return skeleton

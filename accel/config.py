@@ -1,0 +1,196 @@
+"""Configuration dataclasses and kwargs handlers, with Hugging Face Accelerate's field names.
+
+Example:
+    >>> from accel.config import DataLoaderConfiguration
+    >>> DataLoaderConfiguration(even_batches=False).even_batches
+    False
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any
+
+__all__ = [
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "PrecisionType",
+    "ProjectConfiguration",
+    "parse_mixed_precision",
+    "to_timedelta",
+]
+
+
+class DistributedType(str, enum.Enum):
+    """How the job is distributed (values match Accelerate's)."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    XLA = "XLA"
+    MULTI_XLA = "MULTI_XLA"
+
+
+class PrecisionType(str, enum.Enum):
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+def parse_mixed_precision(value: str | PrecisionType | None) -> PrecisionType:
+    """Validate a mixed-precision name.
+
+    Raises:
+        ValueError: naming the accepted values.
+    """
+    if value is None:
+        return PrecisionType.NO
+    if isinstance(value, PrecisionType):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"mixed_precision must be a string, got {type(value).__name__}")
+    key = value.strip().lower()
+    aliases = {"": "no", "none": "no", "fp32": "no", "float16": "fp16", "bfloat16": "bf16"}
+    key = aliases.get(key, key)
+    try:
+        return PrecisionType(key)
+    except ValueError:
+        raise ValueError(
+            f"unknown mixed_precision {value!r}; expected one of 'no', 'fp16', 'bf16'"
+        ) from None
+
+
+def to_timedelta(value: float | int | timedelta | None, name: str = "timeout") -> timedelta | None:
+    """Accept seconds or a timedelta; reject non-positive values."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise TypeError(f"{name} must be seconds (int/float) or a timedelta, got {value!r}")
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+    if delta.total_seconds() <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return delta
+
+
+class KwargsHandler:
+    """Base of the kwargs handlers: ``to_kwargs()`` returns the fields changed from defaults."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        default = self.__class__()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)  # type: ignore[arg-type]
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Arguments forwarded to ``torch.nn.parallel.DistributedDataParallel``."""
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Arguments forwarded to ``torch.amp.GradScaler`` (fp16 only)."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Arguments for ``torch.distributed.init_process_group``. ``backend=None`` picks per device."""
+
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: timedelta | float | None = None
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Arguments forwarded to ``torch.autocast``."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """Gradient accumulation settings (Accelerate's names)."""
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_steps is not None and (
+            isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int)
+            or self.num_steps < 1
+        ):
+            raise ValueError(f"num_steps must be an integer >= 1, got {self.num_steps!r}")
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How ``prepare()`` shards and feeds data loaders.
+
+    ``dispatch_batches`` exists for signature compatibility with Accelerate; accel always lets
+    every rank read its own shard (batches with varying shapes keep working), so only ``None``
+    and ``False`` are accepted.
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dispatch_batches:
+            raise ValueError(
+                "dispatch_batches=True is not supported: accel has every rank read its own shard "
+                "(it keeps batches of varying shape working); drop the argument"
+            )
+        if self.data_seed is not None and not isinstance(self.data_seed, int):
+            raise TypeError(f"data_seed must be an int, got {self.data_seed!r}")
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where checkpoints and logs go (Accelerate's names)."""
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.logging_dir is None and self.project_dir is not None:
+            self.logging_dir = self.project_dir
+        if self.total_limit is not None and self.total_limit < 1:
+            raise ValueError(f"total_limit must be >= 1 or None, got {self.total_limit}")

@@ -1,0 +1,113 @@
+"""The single place that starts (and ends) the torch.distributed process group."""
+
+from __future__ import annotations
+
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..device import Device
+from ..env import LaunchInfo
+from .context import ProcessContext
+
+__all__ = ["DEFAULT_TIMEOUT", "ProcessGroupHandle", "build_context", "start_process_group"]
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+def build_context(info: LaunchInfo, device: Device) -> ProcessContext:
+    """Combine the launcher's view and the chosen device into a ``ProcessContext``.
+
+    If the user already started a process group (e.g. with ``mp.spawn``), its rank and size win.
+    """
+    rank, world = info.rank, info.world_size
+    local_rank, local_world = info.local_rank, info.local_world_size
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if info.world_size == 1 and world > 1:  # started by the user, no launcher variables
+            local_rank, local_world = rank, world
+        elif (rank, world) != (info.rank, info.world_size):
+            raise RuntimeError(
+                f"torch.distributed is already initialised as rank {rank} of {world} but the "
+                f"launcher environment says rank {info.rank} of {info.world_size}; start the "
+                "process group once, or let accel start it"
+            )
+    torch_device = device.torch_device(local_rank)
+    backend = device.dist_backend
+    return ProcessContext(rank, local_rank, world, local_world,
+                          rank // max(local_world, 1) if info.launcher == "none" else info.node_rank,
+                          torch_device, backend, info.launcher)
+
+
+class ProcessGroupHandle:
+    """The process group accel started (or adopted). ``close()`` destroys only what it started."""
+
+    def __init__(self, owned: bool, backend: str | None, timeout: timedelta) -> None:
+        self.owned = owned
+        self.backend = backend
+        self.timeout = timeout
+
+    @property
+    def active(self) -> bool:
+        return self.backend is not None and dist.is_initialized()
+
+    def store(self) -> dist.Store | None:
+        """The c10d key-value store of the default group, for out-of-band reports."""
+        if not self.active:
+            return None
+        getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+        return getter() if getter is not None else None
+
+    def close(self) -> None:
+        if self.owned and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owned = False
+        self.backend = None
+
+
+def start_process_group(
+    ctx: ProcessContext,
+    info: LaunchInfo,
+    device: Device,
+    timeout: timedelta | None = None,
+    backend: str | None = None,
+    init_method: str | None = None,
+) -> ProcessGroupHandle:
+    """Bind the device, then start the process group with an explicit timeout. Idempotent.
+
+    World size 1 starts nothing. If a group already exists it is adopted (and not destroyed on
+    ``close``); a different requested timeout or backend is reported.
+    """
+    timeout = timeout or DEFAULT_TIMEOUT
+    if ctx.device.type != "cpu":
+        device.bind(ctx.device)  # before the group, so nccl picks the right GPU
+    if not ctx.is_distributed:
+        return ProcessGroupHandle(False, None, timeout)
+    if dist.is_initialized():
+        existing = dist.get_backend()
+        if backend is not None and backend != existing:
+            warnings.warn(f"a process group with backend {existing!r} already exists; the "
+                          f"requested backend {backend!r} is not applied", stacklevel=2)
+        return ProcessGroupHandle(False, str(existing), timeout)
+    backend = backend or ctx.backend
+    if backend == "xla":
+        # torch_xla registers the "xla" backend on import and rendezvouses through PJRT.
+        import torch_xla.distributed.xla_backend  # noqa: F401
+        init_method = init_method or "xla://"
+    if init_method is None:
+        if info.launcher == "torchrun":
+            init_method = "env://"  # connects to the elastic agent's store when it hosts one
+        else:
+            init_method = f"tcp://{_bracket(info.master_addr)}:{info.master_port}"
+    kwargs = {}
+    if backend == "nccl":
+        kwargs["device_id"] = ctx.device
+    dist.init_process_group(backend=backend, init_method=init_method, rank=ctx.rank,
+                            world_size=ctx.world_size, timeout=timeout, **kwargs)
+    return ProcessGroupHandle(True, backend, timeout)
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

@@ -1,0 +1,292 @@
+"""Collectives over nested dict/list/tuple structures of tensors.
+
+``Communicator.gather`` accepts tensors whose first dimension differs across ranks on every
+backend. In the steady state it costs one ``all_gather``: each rank sends a small shape header
+together with its payload, padded to a capacity that every rank derives identically from the
+previous call's headers; only when some header says a rank overflowed does a second round run
+(every rank sees every header, so all ranks decide the same way).
+
+At world size 1 every collective returns at once without touching torch.distributed.
+
+Example:
+    >>> import torch
+    >>> from accel.distributed.context import ProcessContext
+    >>> comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    >>> comm.gather(torch.tensor(3.0)).tolist()
+    [3.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import _tree
+from .context import ProcessContext
+
+__all__ = ["REDUCTIONS", "CollectiveHook", "Communicator", "CollectiveMismatchError"]
+
+REDUCTIONS = ("sum", "mean", "max", "min")
+_ALIGN = 8
+_MIN_CAPACITY = 4096
+_CACHE_SIZE = 64
+
+#: A hook is a context-manager factory called around every collective with (op, leaves).
+CollectiveHook = Callable[[str, Sequence[torch.Tensor]], contextlib.AbstractContextManager[None]]
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks called a collective with different ops, shapes or dtypes (debug mode)."""
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _grow(needed: int) -> int:
+    return max(_MIN_CAPACITY, 1 << max(needed - 1, 0).bit_length())
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8)
+
+
+class Communicator:
+    """Collectives for one process context. Holds only per-instance gather capacities."""
+
+    def __init__(self, ctx: ProcessContext, hooks: Sequence[CollectiveHook] = ()) -> None:
+        self.ctx = ctx
+        self.hooks = list(hooks)
+        self._capacity: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.ctx.device if self.ctx.backend == "nccl" else torch.device("cpu")
+
+    @contextlib.contextmanager
+    def _collective(self, op: str, leaves: Sequence[torch.Tensor]) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(hook(op, leaves))
+            yield
+
+    # -- barrier ----------------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every rank reaches this point."""
+        if not self.ctx.is_distributed:
+            return
+        with self._collective("barrier", ()):
+            if self.ctx.backend == "nccl":
+                dist.barrier(device_ids=[self.ctx.device.index])
+            else:
+                dist.barrier()
+
+    # -- gather -----------------------------------------------------------------------------
+    def gather(self, data: Any) -> Any:
+        """Concatenate every rank's tensors along dim 0 (0-d tensors become shape (world,)).
+
+        First dimensions may differ across ranks; dtypes (bool included) are kept.
+        """
+        leaves, rebuild = _tree.flatten(data)
+        if not self.ctx.is_distributed:
+            return rebuild([t.reshape(1) if t.dim() == 0 else t for t in leaves])
+        with self._collective("gather", leaves):
+            return rebuild(self._gather_leaves(leaves))
+
+    def _gather_leaves(self, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+        shapes = [tuple(t.shape) if t.dim() else (1,) for t in leaves]
+        sizes = [math.prod(s) * t.element_size() for s, t in zip(shapes, leaves)]
+        offsets, needed = [], 0
+        for size in sizes:
+            offsets.append(needed)
+            needed += _align(size)
+        header = [needed] + [d for s in shapes for d in s]
+        hbytes = len(header) * 8
+        key = (tuple((t.dtype, s[1:]) for t, s in zip(leaves, shapes)), len(header))
+        capacity = self._capacity.get(key, _MIN_CAPACITY)
+
+        device = self._comm_device
+        send = torch.zeros(hbytes + capacity, dtype=torch.uint8, device=device)
+        send[:hbytes].copy_(torch.tensor(header, dtype=torch.int64).view(torch.uint8))
+        if needed <= capacity:
+            self._pack(send[hbytes:], leaves, offsets)
+        rows = self._all_gather(send)
+        headers = rows[:, :hbytes].contiguous().view(torch.int64).cpu()
+        largest = int(headers[:, 0].max())
+        if largest > capacity:  # someone overflowed: every rank sees it and joins round two
+            payload = torch.zeros(_align(largest), dtype=torch.uint8, device=device)
+            self._pack(payload, leaves, offsets)
+            payload_rows = self._all_gather(payload)
+        else:
+            payload_rows = rows[:, hbytes:]
+        self._remember(key, capacity, largest)
+        return self._unpack(leaves, headers, payload_rows)
+
+    @staticmethod
+    def _pack(buffer: torch.Tensor, leaves: list[torch.Tensor], offsets: list[int]) -> None:
+        for tensor, offset in zip(leaves, offsets):
+            raw = _as_bytes(tensor)
+            buffer[offset: offset + raw.numel()].copy_(raw, non_blocking=True)
+
+    def _all_gather(self, send: torch.Tensor) -> torch.Tensor:
+        world = self.ctx.world_size
+        out = torch.empty(world, send.numel(), dtype=send.dtype, device=send.device)
+        if self.ctx.backend == "nccl":
+            dist.all_gather_into_tensor(out, send)
+        else:
+            dist.all_gather(list(out.unbind(0)), send)
+        return out
+
+    def _remember(self, key: tuple[Any, ...], capacity: int, largest: int) -> None:
+        wanted = _grow(largest)
+        # Shrink only when far too large, so a short last batch does not cost a second round
+        # at the start of the next epoch.
+        if wanted > capacity or wanted * 4 < capacity:
+            capacity = wanted
+        self._capacity[key] = capacity
+        self._capacity.move_to_end(key)
+        while len(self._capacity) > _CACHE_SIZE:
+            self._capacity.popitem(last=False)
+
+    @staticmethod
+    def _unpack(
+        leaves: list[torch.Tensor], headers: torch.Tensor, rows: torch.Tensor
+    ) -> list[torch.Tensor]:
+        parts: list[list[torch.Tensor]] = [[] for _ in leaves]
+        for rank in range(rows.shape[0]):
+            dims = headers[rank, 1:].tolist()
+            offset = 0
+            for index, tensor in enumerate(leaves):
+                ndim = max(tensor.dim(), 1)
+                shape, dims = dims[:ndim], dims[ndim:]
+                nbytes = math.prod(shape) * tensor.element_size()
+                chunk = rows[rank, offset: offset + nbytes]
+                parts[index].append(chunk.view(tensor.dtype).reshape(shape))
+                offset += _align(nbytes)
+        return [torch.cat(p).to(t.device) for p, t in zip(parts, leaves)]
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Gather picklable objects; lists/tuples are concatenated, other objects listed."""
+        if not self.ctx.is_distributed:
+            return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+        out: list[Any] = [None] * self.ctx.world_size
+        with self._collective("gather_object", ()):
+            dist.all_gather_object(out, obj)
+        if all(isinstance(item, (list, tuple)) for item in out):
+            return [x for item in out for x in item]
+        return out
+
+    # -- reduce -----------------------------------------------------------------------------
+    def reduce(self, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce every tensor (sum, mean, max or min); returns new tensors."""
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
+        leaves, rebuild = _tree.flatten(data)
+        for tensor in leaves:
+            if tensor.dtype == torch.bool and reduction in ("sum", "mean"):
+                raise TypeError(f"cannot {reduction} bool tensors; use 'max' (any) or 'min' "
+                                "(all), or convert to int first")
+        if not self.ctx.is_distributed:
+            out = [self._finish(t.clone(), reduction, scale, 1) for t in leaves]
+            return rebuild(out)
+        with self._collective(f"reduce:{reduction}", leaves):
+            return rebuild(self._reduce_leaves(leaves, reduction, scale))
+
+    def _reduce_leaves(self, leaves: list[torch.Tensor], reduction: str,
+                       scale: float) -> list[torch.Tensor]:
+        op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
+              "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduction]
+        out: list[torch.Tensor | None] = [None] * len(leaves)
+        groups: dict[torch.dtype, list[int]] = {}
+        for index, tensor in enumerate(leaves):
+            groups.setdefault(tensor.dtype, []).append(index)
+        for dtype, indices in groups.items():  # one collective per dtype
+            wire = torch.uint8 if dtype == torch.bool else dtype
+            flat = torch.cat([leaves[i].detach().reshape(-1).to(self._comm_device, wire)
+                              for i in indices])
+            dist.all_reduce(flat, op=op)
+            start = 0
+            for i in indices:
+                n = leaves[i].numel()
+                value = flat[start: start + n].reshape(leaves[i].shape).to(leaves[i].device, dtype)
+                out[i] = self._finish(value, reduction, scale, self.ctx.world_size)
+                start += n
+        return [t for t in out if t is not None]
+
+    @staticmethod
+    def _finish(tensor: torch.Tensor, reduction: str, scale: float, world: int) -> torch.Tensor:
+        if reduction == "mean":
+            tensor = tensor / world
+        if scale != 1.0:
+            tensor = tensor * scale
+        return tensor
+
+    # -- broadcast --------------------------------------------------------------------------
+    def broadcast(self, data: Any, from_process: int = 0) -> Any:
+        """Copy ``from_process``'s tensors into every rank's tensors (same shapes), in place."""
+        self._check_src(from_process)
+        leaves, _ = _tree.flatten(data)
+        if not self.ctx.is_distributed or not leaves:
+            return data
+        with self._collective("broadcast", leaves):
+            sizes = [_align(t.numel() * t.element_size()) for t in leaves]
+            buffer = torch.zeros(sum(sizes), dtype=torch.uint8, device=self._comm_device)
+            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+            self._pack(buffer, leaves, offsets)
+            dist.broadcast(buffer, src=from_process)
+            for tensor, offset in zip(leaves, offsets):
+                nbytes = tensor.numel() * tensor.element_size()
+                src = buffer[offset: offset + nbytes].view(tensor.dtype).reshape(tensor.shape)
+                with torch.no_grad():
+                    tensor.copy_(src)
+        return data
+
+    def broadcast_object_list(self, objects: list[Any], from_process: int = 0) -> list[Any]:
+        """Replace ``objects``' items on every rank by ``from_process``'s (picklable) items."""
+        self._check_src(from_process)
+        if not isinstance(objects, list):
+            raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
+        if self.ctx.is_distributed:
+            with self._collective("broadcast_object_list", ()):
+                dist.broadcast_object_list(objects, src=from_process)
+        return objects
+
+    def _check_src(self, from_process: int) -> None:
+        if not 0 <= from_process < self.ctx.world_size:
+            raise ValueError(f"from_process={from_process} is not a rank of this job (0.."
+                             f"{self.ctx.world_size - 1})")
+
+    # -- padding ----------------------------------------------------------------------------
+    def pad_across_processes(self, data: Any, dim: int = 0, pad_index: int = 0,
+                             pad_first: bool = False) -> Any:
+        """Pad every tensor along ``dim`` to the largest size that any rank has."""
+        leaves, rebuild = _tree.flatten(data)
+        if not self.ctx.is_distributed or not leaves:
+            return data
+        sizes = torch.tensor([t.shape[dim] if -t.dim() <= dim < t.dim() else 0 for t in leaves],
+                             dtype=torch.int64, device=self._comm_device)
+        with self._collective("pad_across_processes", leaves):
+            dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+        return rebuild([_pad(t, dim, int(m), pad_index, pad_first)
+                        for t, m in zip(leaves, sizes.tolist())])
+
+
+def _pad(tensor: torch.Tensor, dim: int, size: int, value: int, first: bool) -> torch.Tensor:
+    if not -tensor.dim() <= dim < tensor.dim() or tensor.shape[dim] >= size:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = size
+    out = tensor.new_full(shape, value)
+    index = [slice(None)] * tensor.dim()
+    length = tensor.shape[dim]
+    index[dim] = slice(size - length, size) if first else slice(0, length)
+    out[tuple(index)] = tensor
+    return out

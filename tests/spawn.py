@@ -1,0 +1,113 @@
+"""Run a module-level worker function in N real processes over gloo.
+
+One helper for every multi-process test: picks a free port, sets the launcher environment
+inside each child (torchrun-style by default; tests may describe mpirun/srun instead), enforces a
+timeout, and re-raises the first failing child's traceback in the test process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["LAUNCHER_PREFIXES", "free_port", "run_workers", "torchrun_env"]
+
+LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "MV2_", "SLURM_", "ACCEL_")
+LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+                  "CUDA_VISIBLE_DEVICES", "PJRT_DEVICE")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+EnvFactory = Callable[[int, int, int], Mapping[str, str]]
+
+
+def _child(fn: Callable[..., Any], rank: int, env: Mapping[str, str], args: tuple[Any, ...],
+           results: Any) -> None:
+    for name in list(os.environ):
+        if name in LAUNCHER_NAMES or name.startswith(LAUNCHER_PREFIXES):
+            del os.environ[name]
+    os.environ.update(env)
+    try:
+        value = fn(rank, *args)
+        results.put((rank, "ok", value))
+    except BaseException:  # report everything, including SystemExit, to the parent
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "accel"])
+    return ctx
+
+
+def run_workers(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    args: tuple[Any, ...] = (),
+    env: EnvFactory | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    timeout: float = 90.0,
+) -> list[Any]:
+    """Run ``fn(rank, *args)`` in ``world_size`` processes; return the values in rank order.
+
+    ``env(rank, world, port)`` builds each child's launcher variables (torchrun-style by
+    default); ``extra_env`` is added for every rank.
+    """
+    ctx = _context()
+    port = free_port()
+    results = ctx.Queue()
+    make_env = env or torchrun_env
+    procs = []
+    for rank in range(world_size):
+        child_env = dict(make_env(rank, world_size, port))
+        child_env.update(extra_env or {})
+        proc = ctx.Process(target=_child, args=(fn, rank, child_env, args, results), daemon=True)
+        proc.start()
+        procs.append(proc)
+    values: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(world_size)) - set(values))
+                raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s")
+            try:
+                rank, status, value = results.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if r not in values and p.exitcode is not None]
+                if dead:
+                    time.sleep(0.5)  # let a last message arrive
+                    if results.empty():
+                        codes = {r: procs[r].exitcode for r in dead}
+                        raise RuntimeError(f"worker(s) died without a result: exit codes {codes}")
+                continue
+            if status == "error":
+                raise AssertionError(f"rank {rank} of {world_size} failed:\n{value}")
+            values[rank] = value
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    return [values[r] for r in range(world_size)]
