@@ -1,0 +1,594 @@
+"""The ``Accelerator`` facade: composition and delegation only.
+
+Example:
+    >>> import torch
+    >>> from accel import Accelerator
+    >>> accelerator = Accelerator(cpu=True)
+    >>> model = torch.nn.Linear(2, 1)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> model, optimizer = accelerator.prepare(model, optimizer)
+    >>> loss = model(torch.ones(4, 2)).pow(2).mean()
+    >>> accelerator.backward(loss)
+    >>> optimizer.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import _tree, env
+from .accumulation import AccumulationState
+from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
+                     GradientAccumulationPlugin, KwargsHandler, PrecisionType,
+                     ProjectConfiguration)
+from .data import DataTracker, PreparedDataLoader, prepare_data_loader, send_to_device
+from .device import select_device
+from .distributed import Communicator, build_context, start_process_group
+from .distributed.debug import consistency_check
+from .distributed.sync import leader_first, split_for_rank
+from .precision import check_trainable_dtypes, make_precision
+from .settings import (UNSUPPORTED_ARGUMENTS, resolve_accumulation, resolve_precision,
+                       resolve_timeout, sort_handlers)
+from .strategy import select_strategy, unwrap_module
+from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
+
+__all__ = ["Accelerator"]
+
+
+def _is_scheduler(obj: Any) -> bool:
+    base = getattr(torch.optim.lr_scheduler, "LRScheduler", None)
+    return (base is not None and isinstance(obj, base)) or isinstance(
+        obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _to_fp32(data: Any) -> Any:
+    return _tree.apply(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
+                       data)
+
+
+class Accelerator:
+    """Run one training loop on CPU, CUDA or XLA, in one process or many.
+
+    Arguments and properties follow Hugging Face Accelerate's names. Settings resolve as:
+    constructor argument > ``ACCEL_*`` variables (from ``accel launch``) > default.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        mixed_precision: str | PrecisionType | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool = False,
+        device: str | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        project_dir: str | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        timeout: float | timedelta | None = None,
+        sync_batchnorm: bool = False,
+        **unsupported: Any,
+    ) -> None:
+        for name in unsupported:
+            hint = UNSUPPORTED_ARGUMENTS.get(name, "it is not an Accelerator argument")
+            raise TypeError(f"Accelerator() got an unsupported argument {name!r}: {hint}")
+        if not isinstance(device_placement, bool):
+            raise TypeError(f"device_placement must be True or False, got {device_placement!r}")
+        settings = env.read_settings()
+        handlers = sort_handlers(kwargs_handlers)
+        self._settings = settings
+        self._precision_mode = resolve_precision(mixed_precision, settings)
+        plugin = resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin,
+                                      settings)
+        self.gradient_accumulation_plugin = plugin
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if not isinstance(self.dataloader_config, DataLoaderConfiguration):
+            raise TypeError("dataloader_config must be a DataLoaderConfiguration")
+        if project_config is not None and project_dir is not None and \
+                project_config.project_dir not in (None, project_dir):
+            raise ValueError(f"project_dir={project_dir!r} disagrees with project_config."
+                             f"project_dir={project_config.project_dir!r}; pass one of them")
+        self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.project_dir = project_dir
+            self.project_configuration.logging_dir = self.project_configuration.logging_dir or project_dir
+        self.rng_types = self._check_rng_types(rng_types)
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.device_placement = device_placement
+        self.sync_batchnorm = bool(sync_batchnorm)
+        self._autocast_kwargs = handlers.autocast or AutocastKwargs()
+
+        info = env.detect_launch()
+        device_kind = select_device(device, cpu, settings)
+        self.state = build_context(info, device_kind)
+        self._device_kind = device_kind
+        init = handlers.init
+        self.timeout = resolve_timeout(timeout, init, settings)
+        self._group = start_process_group(self.state, info, device_kind, self.timeout,
+                                          init.backend if init else None,
+                                          init.init_method if init else None)
+        self.timeout = self._group.timeout
+        self._comm = Communicator(self.state, [consistency_check] if settings.debug else [])
+        self._precision = make_precision(self._precision_mode, self.state.device,
+                                         self._autocast_kwargs, handlers.scaler,
+                                         device_kind.supports_bf16())
+        self._strategy = select_strategy(self.state, device_placement, handlers.ddp)
+        self._accumulation = AccumulationState(
+            num_steps=plugin.num_steps or 1, adjust_scheduler=plugin.adjust_scheduler,
+            sync_with_dataloader=plugin.sync_with_dataloader,
+            sync_each_batch=plugin.sync_each_batch)
+        self._tracker = DataTracker()
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
+        self._prepared_ids: set[int] = set()
+        self._data_seed: int | None = None
+        self._sections = 0
+        self._trigger = False
+        self._announce()
+
+    # -- description ---------------------------------------------------------------------------
+    def _announce(self) -> None:
+        if self.state.is_distributed and self.state.is_main_process:
+            seconds = self.timeout.total_seconds() if self.timeout else 0
+            print(f"accel: {self._device_kind.describe(self.state.world_size)}; "
+                  f"collective timeout {seconds:.0f} s", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _check_rng_types(rng_types: list[str] | None) -> list[str]:
+        allowed = ("torch", "cuda", "xla", "generator")
+        for item in rng_types or []:
+            if item not in allowed:
+                raise ValueError(f"unknown rng type {item!r}; expected some of {allowed}")
+        return list(rng_types or [])
+
+    def __repr__(self) -> str:
+        return (f"Accelerator({self._device_kind.describe(self.state.world_size)}, "
+                f"rank {self.process_index}, mixed_precision={self.mixed_precision!r})")
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.is_distributed
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self.state.device.type == "xla":
+            return DistributedType.MULTI_XLA if self.state.is_distributed else DistributedType.XLA
+        if not self.state.is_distributed:
+            return DistributedType.NO
+        return DistributedType.MULTI_GPU if self.state.device.type == "cuda" else \
+            DistributedType.MULTI_CPU
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._precision_mode.value
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self._precision.scaler
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self._accumulation.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self._accumulation.sync_gradients = bool(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._accumulation.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}")
+        self._accumulation.num_steps = value
+
+    @property
+    def step(self) -> int:
+        """Micro-steps taken in the current accumulation group."""
+        return self._accumulation.step
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return self._tracker.end_of_dataloader
+
+    # -- prepare -------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers; returned in the same order.
+
+        Raises:
+            TypeError: an object of an unsupported kind, naming it.
+            ValueError: the same object passed twice.
+        """
+        if device_placement is not None and len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for "
+                             f"{len(args)} objects; give one bool per object")
+        seen: set[int] = set()
+        for obj in args:
+            if id(obj) in seen:
+                raise ValueError(f"prepare() got the same {type(obj).__name__} twice; "
+                                 "pass each object once")
+            seen.add(id(obj))
+        places = device_placement or [self.device_placement] * len(args)
+        out: list[Any] = list(args)
+        order = (nn.Module, torch.optim.Optimizer, "scheduler", torch.utils.data.DataLoader)
+        for kind in order:  # models first so optimizers see moved parameters
+            for i, obj in enumerate(args):
+                if id(obj) in self._prepared_ids or out[i] is not obj:
+                    continue
+                if kind == "scheduler" and _is_scheduler(obj):
+                    out[i] = self._prepare_scheduler(obj)
+                elif isinstance(kind, type) and isinstance(obj, kind):
+                    out[i] = self._prepare_one(obj, places[i])
+        for i, obj in enumerate(out):
+            if obj is args[i] and id(obj) not in self._prepared_ids:
+                raise TypeError(
+                    f"prepare() cannot handle {type(obj).__name__} (argument {i}); it accepts "
+                    "nn.Module, torch.optim.Optimizer, LR schedulers and torch DataLoader")
+            self._prepared_ids.add(id(out[i]))
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _prepare_one(self, obj: Any, place: bool) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj, device_placement=place)
+        if isinstance(obj, torch.optim.Optimizer):
+            opt = AcceleratedOptimizer(obj, self._precision, self._strategy, self._accumulation)
+            self._optimizers.append(opt)
+            return opt
+        return self.prepare_data_loader(obj, device_placement=place)
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> nn.Module:
+        """Move ``model`` to the device, wrap it for the strategy (DDP), add autocast."""
+        check_trainable_dtypes(self._precision_mode, model.named_parameters())
+        strategy = self._strategy
+        if device_placement is False and strategy.place:
+            strategy = select_strategy(self.state, False, strategy.ddp_kwargs)
+        if evaluation_mode:  # inference only: placed, never wrapped in DDP
+            wrapped = model.to(self.device) if strategy.place else model
+        else:
+            wrapped = strategy.wrap_model(model, self.sync_batchnorm)
+        if self._precision_mode is not PrecisionType.NO:
+            original = wrapped.forward
+            context = self._precision.forward_context
+
+            @functools.wraps(original)
+            def forward(*a: Any, **kw: Any) -> Any:
+                with context():
+                    return _to_fp32(original(*a, **kw))
+
+            forward._accel_original = original  # type: ignore[attr-defined]
+            wrapped.forward = forward  # type: ignore[method-assign]
+        self._models.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader,
+                            device_placement: bool | None = None) -> PreparedDataLoader:
+        """Shard ``data_loader`` by rank and move its batches to the device."""
+        place = self.device_placement if device_placement is None else device_placement
+        loader = prepare_data_loader(
+            data_loader, ctx=self.state, comm=self._comm,
+            device=self.device if place else None, config=self.dataloader_config,
+            tracker=self._tracker, seed=self._agreed_seed())
+        self._dataloaders.append(loader)
+        return loader
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        return self.prepare(optimizer)  # type: ignore[no-any-return]
+
+    def _prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        inner = getattr(scheduler, "optimizer", None)
+        optimizers = [o for o in self._optimizers if o.optimizer is inner or o is inner]
+        wrapped = AcceleratedScheduler(
+            scheduler, optimizers or list(self._optimizers), self._accumulation,
+            self.num_processes, self.dataloader_config.split_batches,
+            self.step_scheduler_with_optimizer)
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        return self.prepare(scheduler)  # type: ignore[no-any-return]
+
+    def _agreed_seed(self) -> int:
+        """The data-order seed every rank uses (data_seed, else rank 0's torch seed)."""
+        if self._data_seed is None:
+            seed = self.dataloader_config.data_seed
+            if seed is None:
+                seed = self._comm.broadcast_object_list([torch.initial_seed() % (2**63)])[0]
+            self._data_seed = int(seed)
+        return self._data_seed
+
+    # -- training step -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """Accumulate gradients over ``gradient_accumulation_steps`` micro-batches."""
+        acc = self._accumulation
+        acc.begin_micro_step(self._tracker.end_of_dataloader)
+        with contextlib.ExitStack() as stack:
+            if not acc.sync_gradients and not acc.sync_each_batch:
+                for model in models or self._models:
+                    stack.enter_context(self._strategy.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Skip gradient synchronisation for backward passes inside the block."""
+        with self._strategy.no_sync(model):
+            yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Force DDP to synchronise in the next backward even inside ``no_sync``."""
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            old = model.require_backward_grad_sync
+            model.require_backward_grad_sync = True
+            model.require_forward_param_sync = True
+            try:
+                yield
+            finally:
+                model.require_backward_grad_sync = old
+        else:
+            yield
+
+    def backward(self, loss: torch.Tensor, num_items: float | int | torch.Tensor | None = None,
+                 **kwargs: Any) -> None:
+        """Backward with loss scaling and accumulation.
+
+        Args:
+            loss: the micro-batch's mean loss; or, with ``num_items``, its SUM over items.
+            num_items: number of items (e.g. tokens) summed in ``loss``. Gradients are then
+                normalised by the item count of the whole accumulation group on all ranks.
+        """
+        acc = self._accumulation
+        use_items = num_items is not None
+        if acc.uses_num_items is not None and acc.uses_num_items != use_items:
+            raise ValueError("backward() was called with and without num_items in one "
+                             "accumulation group; use one style for every micro-batch")
+        acc.uses_num_items = use_items
+        if use_items:
+            acc.items += float(num_items.item() if isinstance(num_items, torch.Tensor)
+                               else num_items)  # type: ignore[union-attr]
+        else:
+            loader = self._tracker.active
+            weight = acc.loss_weight(loader.current_batch_len if loader is not None else 1)
+            if weight != 1.0:
+                loss = loss * weight
+        self._precision.backward(loss, **kwargs)
+        if acc.sync_gradients:
+            factor = acc.correction()
+            if use_items:
+                total = float(self._comm.reduce(torch.tensor([acc.items], dtype=torch.float64,
+                                                             device=self.device), "sum")[0])
+                if total <= 0:
+                    raise ValueError("num_items summed to 0 over the accumulation group")
+                factor = self.num_processes / total
+            if factor != 1.0:
+                self._scale_gradients(factor)
+        self._strategy.after_backward()
+
+    def _scale_gradients(self, factor: float) -> None:
+        with torch.no_grad():
+            for model in self._models:
+                for param in model.parameters():
+                    if param.grad is not None:
+                        param.grad.mul_(factor)
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Unscale fp16 gradients (once per real optimizer step)."""
+        targets = self._optimizers if optimizer is None else [optimizer]
+        for opt in targets:
+            self._precision.unscale_(getattr(opt, "optimizer", opt))
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor | None:
+        """Unscale then clip; a no-op returning None on accumulation micro-steps."""
+        if not self.sync_gradients:
+            return None
+        self.unscale_gradients()
+        return nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale then clip values; a no-op on accumulation micro-steps."""
+        if not self.sync_gradients:
+            return
+        self.unscale_gradients()
+        nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None
+                 ) -> contextlib.AbstractContextManager[Any]:
+        """The mixed-precision forward context (a no-op with mixed_precision='no')."""
+        return self._precision.forward_context(autocast_handler)
+
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+        """The user's module, without DDP/compile wrappers (and autocast, if asked)."""
+        if not keep_fp32_wrapper:
+            original = getattr(model.__dict__.get("forward"), "_accel_original", None)
+            if original is not None:
+                model.forward = original  # type: ignore[method-assign]
+        inner = unwrap_module(model)
+        if not keep_fp32_wrapper and inner is not model:
+            original = getattr(inner.__dict__.get("forward"), "_accel_original", None)
+            if original is not None:
+                inner.forward = original  # type: ignore[method-assign]
+        return inner
+
+    # -- collectives ---------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors from all ranks along dim 0 (first dims may differ)."""
+        return self._comm.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather per-sample outputs so that every sample appears exactly once, in order."""
+        loader = self._tracker.active
+        data = loader.trim_for_metrics(input_data) if loader is not None else input_data
+        group = loader.metrics_group if loader is not None else None
+        try:
+            tensors_only = bool(_tree.flatten(data, strict=True)[0])
+        except TypeError:
+            tensors_only = False
+        if use_gather_object or not tensors_only:
+            return self._comm.gather_object(data)
+        return self._comm.gather(data, group=group)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce (sum, mean, max, min) across ranks; returns new tensors."""
+        return self._comm.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0,
+                             pad_first: bool = False) -> Any:
+        return self._comm.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        return self._comm.broadcast(tensor, from_process)
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across all ranks."""
+        self._comm.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first (others wait without a timeout)."""
+        self._sections += 1
+        with leader_first(self.state, self._group.store(), f"s{self._sections}"):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each node's local main process first."""
+        self._sections += 1
+        with leader_first(self.state, self._group.store(), f"s{self._sections}", local=True):
+            yield
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this rank's contiguous share of ``inputs``."""
+        yield split_for_rank(self.state, inputs, apply_padding)
+
+    def set_trigger(self) -> None:
+        """Flag a condition on this rank (e.g. early stopping) for ``check_trigger``."""
+        self._trigger = True
+
+    def check_trigger(self) -> bool:
+        """True on every rank if any rank called ``set_trigger`` (then resets it)."""
+        flag = torch.tensor([1.0 if self._trigger else 0.0], device=self.device)
+        fired = bool(self._comm.reduce(flag, "max")[0] > 0)
+        if fired:
+            self._trigger = False
+        return fired
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None
+                           ) -> Iterator[None]:
+        """Let DDP ranks with fewer batches join the others' collectives (torch Join)."""
+        if even_batches is not None:
+            raise ValueError("join_uneven_inputs(even_batches=...) is not supported: set "
+                             "DataLoaderConfiguration(even_batches=False) before prepare()")
+        ddp = [j for j in joinables if isinstance(j, nn.parallel.DistributedDataParallel)]
+        if not self.state.is_distributed or not ddp:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        with Join(ddp):
+            yield
+
+    # -- process helpers -----------------------------------------------------------------------
+    def _run_if(self, condition: bool, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if condition else None
+        return wrapper
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._run_if(self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._run_if(self.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._run_if(self.is_last_process, function)
+
+    def on_process(self, function: Callable[..., Any] | None = None,
+                   process_index: int | None = None) -> Any:
+        if process_index is None:
+            raise ValueError("on_process needs process_index=<rank>")
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._run_if(self.process_index == process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # -- memory --------------------------------------------------------------------------------
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop accel's references to prepared objects and release cached device memory."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._prepared_ids.clear()
+        gc.collect()
+        if self.device.type == "cuda" and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    def end_training(self) -> None:
+        """Finish trackers and end the process group accel started."""
+        self.wait_for_everyone()
+        self._group.close()
+
+
+Accelerator.send_to_device = staticmethod(send_to_device)  # type: ignore[attr-defined]

@@ -1,0 +1,102 @@
+"""Coordination that must not trip the collective timeout, and input splitting.
+
+``leader_first`` lets the main (or local main) process run a block before the others. The others
+wait on the c10d store by polling, not in a collective, so a long download on the main process
+does not hit the process-group timeout of the waiting ranks.
+
+Example:
+    >>> import torch
+    >>> from accel.distributed.context import ProcessContext
+    >>> ctx = ProcessContext(1, 1, 2, 2, 0, torch.device("cpu"), "gloo", "none")
+    >>> split_for_rank(ctx, [1, 2, 3], apply_padding=True)
+    [3, 3]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .context import ProcessContext
+
+__all__ = ["leader_first", "split_for_rank", "wait_for_key"]
+
+
+def wait_for_key(store: dist.Store, key: str, poll: float = 0.01, max_poll: float = 0.2) -> None:
+    """Wait (without a deadline) until ``key`` exists in ``store``."""
+    while not store.check([key]):
+        time.sleep(poll)
+        poll = min(poll * 1.5, max_poll)
+
+
+def _wait_for_count(store: dist.Store, key: str, count: int) -> None:
+    poll = 0.01
+    while store.add(key, 0) < count:
+        time.sleep(poll)
+        poll = min(poll * 1.5, 0.2)
+
+
+@contextlib.contextmanager
+def leader_first(ctx: ProcessContext, store: dist.Store | None, key: str,
+                 local: bool = False) -> Iterator[None]:
+    """Run the block on the leader first, then on the other ranks.
+
+    The leader (rank 0, or local rank 0 of each node with ``local=True``) leaves only after every
+    member finished the block, as Accelerate's ``main_process_first`` does.
+    """
+    if not ctx.is_distributed or store is None:
+        yield
+        return
+    leader = ctx.local_rank == 0 if local else ctx.rank == 0
+    scope = f"{key}/node{ctx.node_rank}" if local else f"{key}/all"
+    members = ctx.local_world_size if local else ctx.world_size
+    if not leader:
+        wait_for_key(store, f"accel/first/{scope}/leader")
+    yield
+    if leader:
+        store.set(f"accel/first/{scope}/leader", b"1")
+        _wait_for_count(store, f"accel/first/{scope}/done", members - 1)
+    else:
+        store.add(f"accel/first/{scope}/done", 1)
+
+
+def _slice(n: int, ctx: ProcessContext) -> tuple[int, int]:
+    per, extra = divmod(n, ctx.world_size)
+    start = ctx.rank * per + min(ctx.rank, extra)
+    return start, start + per + (1 if ctx.rank < extra else 0)
+
+
+def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False) -> Any:
+    """This rank's contiguous share of a list, tuple, tensor, or dict of those.
+
+    Shares differ by at most one item (earlier ranks get the extra ones). With
+    ``apply_padding`` every share is padded with the last item to the same length, so that the
+    results can be gathered (then drop the padding).
+    """
+    if isinstance(inputs, Mapping):
+        lengths = {len(v) for v in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"split_between_processes got a dict whose values have different "
+                             f"lengths {sorted(lengths)}; they must all have the same length")
+        return type(inputs)({k: split_for_rank(ctx, v, apply_padding) for k, v in inputs.items()})
+    if not isinstance(inputs, (list, tuple, torch.Tensor)):
+        raise TypeError(f"split_between_processes needs a list, tuple, tensor or dict of those, "
+                        f"got {type(inputs).__name__}")
+    n = len(inputs)
+    start, end = _slice(n, ctx)
+    part = inputs[start:end]
+    if not apply_padding or n == 0:
+        return part
+    target = -(-n // ctx.world_size)
+    missing = target - (end - start)
+    if missing <= 0:
+        return part
+    last = inputs[-1:]
+    if isinstance(inputs, torch.Tensor):
+        return torch.cat([part, last.expand(missing, *inputs.shape[1:])])
+    return part + type(inputs)(list(last) * missing)
