@@ -123,6 +123,11 @@ def _check(launcher: str, rank: int, world: int, local_rank: int, local_world: i
         raise LaunchEnvironmentError(
             f"{launcher}: local rank {local_rank} is outside local world size {local_world}"
         )
+    if local_world > world:
+        raise LaunchEnvironmentError(
+            f"{launcher}: local world size {local_world} is larger than world size {world}; "
+            "check the launcher variables (a stale LOCAL_WORLD_SIZE exported in your shell?)"
+        )
 
 
 def _port_from_job_id(job_id: str | None) -> int:
@@ -191,8 +196,9 @@ _MPI_FLAVOURS = (
      "OMPI_COMM_WORLD_LOCAL_SIZE", ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")),
     ("mvapich2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
      "MV2_COMM_WORLD_LOCAL_SIZE", ("MPIRUN_ID",)),
+    # PMI_ID is per process (a rank), so it cannot name the job: every rank must derive one port.
     ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-     ("PMI_KVSNAME", "PMI_ID")),
+     ("PMI_JOBID", "I_MPI_HYDRA_UUID", "PMI_KVSNAME")),
 )
 
 
@@ -209,7 +215,12 @@ def _from_mpi(environ: Mapping[str, str]) -> LaunchInfo | None:
         local_rank = _opt_int(environ, lrank_v)
         local_world = _opt_int(environ, lsize_v)
         if local_rank is None or local_world is None:
-            # Without local information we can only assume one node.
+            # `srun --mpi=pmi2` sets PMI_RANK/PMI_SIZE but no local variables: Slurm knows the
+            # node layout. Without either we can only assume one node.
+            slurm = _from_slurm(environ)
+            if slurm is not None and (slurm.rank, slurm.world_size) == (rank, world):
+                return LaunchInfo(name, rank, slurm.local_rank, world, slurm.local_world_size,
+                                  slurm.node_rank, slurm.master_addr, slurm.master_port)
             local_rank, local_world = rank, world
         _check(name, rank, world, local_rank, local_world)
         multi = local_world < world
@@ -228,21 +239,42 @@ def expand_nodelist(nodelist: str) -> list[str]:
         ['n1', 'n2', 'n3', 'm']
     """
     hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not match:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            lo, _, hi = item.partition("-")
-            if not hi:
-                hosts.append(f"{prefix}{lo}{suffix}")
-                continue
-            width = len(lo)
-            for value in range(int(lo), int(hi) + 1):
-                hosts.append(f"{prefix}{value:0{width}d}{suffix}")
+    for part in _split_top_level(nodelist):
+        hosts.extend(_expand_host(part))
     return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets: ``a[1,2],b`` -> ``['a[1,2]', 'b']``."""
+    parts: list[str] = []
+    depth = start = 0
+    for index, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return [part.strip() for part in parts if part.strip()]
+
+
+def _expand_host(pattern: str) -> list[str]:
+    """Expand every bracket group of one host pattern, e.g. ``r[1-2]-n[01,03]`` (4 hosts)."""
+    match = re.match(r"([^\[]*)\[([^\]]*)\](.*)", pattern)
+    if not match:
+        return [pattern]
+    prefix, ranges, rest = match.groups()
+    values: list[str] = []
+    for item in ranges.split(","):
+        lo, _, hi = item.strip().partition("-")
+        if not (lo.isdigit() and (not hi or hi.isdigit())):
+            raise LaunchEnvironmentError(
+                f"cannot expand Slurm node list entry {pattern!r}: {item!r} is not a number or a "
+                "range like 01-04; set MASTER_ADDR to the rank-0 host instead"
+            )
+        width = len(lo)
+        values.extend(f"{v:0{width}d}" for v in range(int(lo), int(hi or lo) + 1))
+    tails = _expand_host(rest)
+    return [f"{prefix}{value}{tail}" for value in values for tail in tails]
 
 
 def _slurm_local_world(environ: Mapping[str, str], node_id: int, world: int) -> int:
@@ -276,7 +308,9 @@ def _from_slurm(environ: Mapping[str, str]) -> LaunchInfo | None:
         environ.get("SLURM_NODELIST")
     nnodes = _opt_int(environ, "SLURM_STEP_NUM_NODES") or _opt_int(environ, "SLURM_NNODES") or 1
     multi = nnodes > 1 or local_world < world
-    first = expand_nodelist(nodelist)[0] if nodelist else None
+    # Only expanded when it is needed: an explicit MASTER_ADDR wins over the node list.
+    first = expand_nodelist(nodelist)[0] if nodelist and multi and \
+        not environ.get("MASTER_ADDR") else None
     job_id = environ.get("SLURM_JOB_ID", "") + "." + environ.get("SLURM_STEP_ID", "")
     addr, port = _rendezvous(environ, "slurm", multi, first if multi else None, job_id)
     return LaunchInfo("slurm", rank, local_rank, world, local_world, node_id, addr, port)

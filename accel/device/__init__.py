@@ -31,7 +31,8 @@ DEVICE_KINDS: dict[str, type[Device]] = {
 _AUTO_ORDER = ("xla", "cuda", "mps", "cpu")
 
 
-def _kind(name: str, source: str) -> type[Device]:
+def _resolve(name: str, source: str) -> type[Device]:
+    """The device class for ``name`` ("cuda:1" and "gpu" mean cuda), without checking it."""
     if not isinstance(name, str):
         raise TypeError(f"{source} must be a string such as 'cpu' or 'cuda', got {name!r}")
     key = name.strip().lower().split(":")[0]
@@ -40,13 +41,17 @@ def _kind(name: str, source: str) -> type[Device]:
     if key not in DEVICE_KINDS:
         raise ValueError(f"{source}={name!r} is not a device kind; expected one of "
                          f"{', '.join(DEVICE_KINDS)}")
-    cls = DEVICE_KINDS[key]
+    return DEVICE_KINDS[key]
+
+
+def _kind(name: str, source: str) -> type[Device]:
+    cls = _resolve(name, source)
     if not cls.available():
         hint = {
             "cuda": "no NVIDIA GPU is visible (check the driver and CUDA_VISIBLE_DEVICES)",
             "xla": "set PJRT_DEVICE (e.g. TPU or CPU) and install torch_xla",
             "mps": "MPS needs an Apple-silicon Mac with a recent PyTorch",
-        }.get(key, "")
+        }.get(cls.kind, "")
         raise RuntimeError(f"{source}={name!r} was requested but is not available: {hint}")
     return cls
 
@@ -65,12 +70,15 @@ def select_device(
         ValueError: conflicting or unknown choices. RuntimeError: chosen kind unavailable.
     """
     env_choice = settings.device if settings is not None else None
-    if cpu and device is not None and _kind(device, "device").kind != "cpu":
+    # Conflicts are checked before availability: the user's mistake is the useful message.
+    if cpu and device is not None and _resolve(device, "device").kind != "cpu":
         raise ValueError(f"cpu=True conflicts with device={device!r}; pass only one of them")
     explicit = "cpu" if cpu else device
     if explicit is not None:
         chosen = _kind(explicit, "device")
-        if env_choice is not None and _kind(env_choice, "ACCEL_DEVICE").kind != chosen.kind:
+        # ACCEL_DEVICE is overridden here, so it need not be available (e.g. cpu=True while
+        # `accel launch` exported ACCEL_DEVICE=cuda on a machine without a GPU).
+        if env_choice is not None and _resolve(env_choice, "ACCEL_DEVICE").kind != chosen.kind:
             warnings.warn(
                 f"Accelerator(device/cpu) asks for {chosen.kind!r} but ACCEL_DEVICE (set by "
                 f"`accel launch`) is {env_choice!r}; using {chosen.kind!r} from the constructor",
