@@ -1,7 +1,21 @@
-"""XLA devices through torch_xla and PJRT (TPU, or PJRT CPU for tests). Imported lazily."""
+"""XLA devices through torch_xla and PJRT (TPU, or PJRT CPU for tests). Imported lazily.
+
+XLA tensors are lazy: operations build a graph that runs when the step is marked
+(``torch_xla.sync()``, formerly ``xm.mark_step()``) or when a value is read. ``synchronize``
+marks the step and waits for the device.
+
+Detection only looks at ``PJRT_DEVICE`` and whether torch_xla is installed, without importing
+it: importing torch_xla sets ``PJRT_DEVICE=CPU`` in the environment when it is unset, which would
+turn every later detection into "XLA".
+
+Example:
+    >>> XLADevice.kind, XLADevice.dist_backend
+    ('xla', 'xla')
+"""
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -9,7 +23,39 @@ import torch
 from .. import _optional, env
 from .base import Device
 
-__all__ = ["XLADevice"]
+__all__ = ["XLADevice", "seed_from_tensor", "seed_to_tensor"]
+
+_UINT64 = 1 << 64
+_INT64_MAX = (1 << 63) - 1
+
+
+def seed_to_tensor(seed: int) -> torch.Tensor:
+    """Store an unsigned 64-bit XLA RNG seed in an int64 tensor (same bits, two's complement).
+
+    XLA's seed walks the whole uint64 range, so ``torch.tensor(seed, dtype=torch.int64)`` would
+    overflow for about half of the states.
+
+    Example:
+        >>> seed_from_tensor(seed_to_tensor(2**64 - 5)) == 2**64 - 5
+        True
+    """
+    seed = int(seed)
+    if not 0 <= seed < _UINT64:
+        raise ValueError(f"an XLA RNG seed is an unsigned 64-bit integer, got {seed}")
+    return torch.tensor(seed - _UINT64 if seed > _INT64_MAX else seed, dtype=torch.int64)
+
+
+def seed_from_tensor(value: torch.Tensor | int) -> int:
+    """Inverse of ``seed_to_tensor``; also accepts a plain non-negative int."""
+    return int(value) % _UINT64
+
+
+def _torch_xla() -> ModuleType:
+    return _optional.require("torch_xla", extra="xla")
+
+
+def _xm() -> ModuleType:
+    return _optional.require("torch_xla.core.xla_model", extra="xla")
 
 
 class XLADevice(Device):
@@ -33,25 +79,31 @@ class XLADevice(Device):
         return [f"XLA (PJRT {env.pjrt_device() or '?'})"]
 
     def torch_device(self, local_rank: int) -> torch.device:
-        xm = _optional.require("torch_xla.core.xla_model", extra="xla")
-        return xm.xla_device()
+        # Under PJRT every process addresses its own device(s) as xla:0.., so local_rank is
+        # not an index here.
+        txla = _torch_xla()
+        if hasattr(txla, "device"):  # torch_xla >= 2.6; xm.xla_device() is deprecated
+            return txla.device()
+        return _xm().xla_device()
 
     def synchronize(self) -> None:
-        xm = _optional.require("torch_xla.core.xla_model", extra="xla")
-        xm.mark_step()
-        xm.wait_device_ops()
+        txla = _torch_xla()
+        if hasattr(txla, "sync"):  # torch_xla >= 2.6; xm.mark_step() is deprecated
+            txla.sync()
+        else:
+            _xm().mark_step()
+        _xm().wait_device_ops()
 
     def rng_state(self) -> dict[str, Any] | None:
-        xm = _optional.require("torch_xla.core.xla_model", extra="xla")
-        return {"xla_seed": torch.tensor(int(xm.get_rng_state()), dtype=torch.int64)}
+        return {"xla_seed": seed_to_tensor(_xm().get_rng_state())}
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
-        xm = _optional.require("torch_xla.core.xla_model", extra="xla")
-        xm.set_rng_state(int(state["xla_seed"]))
+        if "xla_seed" not in state:
+            raise KeyError(f"XLA RNG state needs the key 'xla_seed'; got keys {sorted(state)}")
+        _xm().set_rng_state(seed_from_tensor(state["xla_seed"]))
 
     def manual_seed(self, seed: int) -> None:
-        xm = _optional.require("torch_xla.core.xla_model", extra="xla")
-        xm.set_rng_state(seed)
+        _xm().set_rng_state(int(seed) % _UINT64)
 
     def describe(self, world_size: int) -> str:
         return f"XLA (PJRT {env.pjrt_device()}), {world_size} process(es)"
