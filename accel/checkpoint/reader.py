@@ -1,0 +1,232 @@
+"""Read a checkpoint directory: manifest, completeness, verification and verified components.
+
+Every component is read once into memory while its sha256 is computed, compared with the
+manifest, and only then parsed with safetensors or JSON rules. Nothing here unpickles.
+
+Example:
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> from accel.checkpoint.format import CheckpointWriter
+    >>> w = CheckpointWriter(Path(tempfile.mkdtemp()) / "ckpt")
+    >>> _ = w.write_state("scheduler", {"last_epoch": 3, "base_lrs": [0.1]})
+    >>> ckpt = w.finalize(step=3, world_size=1)
+    >>> is_complete(ckpt), read_state(ckpt, "scheduler")["last_epoch"]
+    (True, 3)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _st
+from ._io import FileRecord, hash_file, read_hashed
+from .codec import decode
+from .errors import CheckpointError
+from .format import FORMAT_VERSION, MANIFEST, STATE_FORMAT, check_relpath
+
+__all__ = ["Manifest", "is_complete", "load_component", "load_json", "load_tensors",
+           "read_manifest", "read_state", "verify"]
+
+_MAX_MANIFEST = 64 << 20
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed ``manifest.json`` of a checkpoint directory."""
+
+    path: Path
+    format_version: int
+    step: int
+    world_size: int
+    accel_version: str
+    torch_version: str
+    created: str
+    files: dict[str, FileRecord] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _bad_manifest(directory: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{directory / MANIFEST} is not a valid accel manifest: {why}. The directory is not a "
+        "usable checkpoint; load another one (latest_complete(root) finds the newest complete)",
+        path=directory / MANIFEST)
+
+
+def _parse_manifest(directory: Path, raw: bytes) -> Manifest:
+    if _st.describe_foreign(raw):
+        raise _bad_manifest(directory, "it is a pickle/zip file, not JSON (never unpickled)")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad_manifest(directory, f"it is not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != "accel-checkpoint":
+        raise _bad_manifest(directory, "it lacks \"format\": \"accel-checkpoint\"")
+    version = doc.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise _bad_manifest(directory, f"format_version {version!r} is newer than this accel reads "
+                            f"({FORMAT_VERSION}); upgrade accel")
+    try:
+        files = {check_relpath(rel): FileRecord.from_json(rec) for rel, rec in doc["files"].items()}
+        return Manifest(path=directory, format_version=version, step=int(doc["step"]),
+                        world_size=int(doc["world_size"]), accel_version=str(doc["accel_version"]),
+                        torch_version=str(doc["torch_version"]), created=str(doc["created"]),
+                        files=files, meta=dict(doc.get("meta") or {}))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _bad_manifest(directory, f"a field is missing or malformed ({exc})") from None
+
+
+def read_manifest(directory: str | Path) -> Manifest:
+    """Parse and validate ``directory/manifest.json``.
+
+    Raises:
+        CheckpointError: the manifest is missing (an interrupted save) or invalid.
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_MAX_MANIFEST + 1)
+    except FileNotFoundError:
+        kind = "directory" if directory.is_dir() else "path (it does not exist)"
+        raise CheckpointError(
+            f"{path} not found: the {kind} {directory} is not a complete accel checkpoint (an "
+            "interrupted save leaves no manifest); pass a complete checkpoint directory, e.g. "
+            "latest_complete(root)", path=path) from None
+    except OSError as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}", path=path) from exc
+    if len(raw) > _MAX_MANIFEST:
+        raise _bad_manifest(directory, f"it is larger than {_MAX_MANIFEST} bytes")
+    return _parse_manifest(directory, raw)
+
+
+def is_complete(directory: str | Path) -> bool:
+    """True when ``directory`` has a valid manifest and every listed file has the listed size.
+
+    Cheap (no hashing); :func:`verify` checks contents.
+    """
+    directory = Path(directory)
+    try:
+        manifest = read_manifest(directory)
+        return all((directory / rel).stat().st_size == rec.size
+                   for rel, rec in manifest.files.items())
+    except (CheckpointError, OSError):
+        return False
+
+
+def verify(directory: str | Path) -> Manifest:
+    """Check every file's size and sha256 against the manifest.
+
+    Raises:
+        CheckpointError: listing every missing, unreadable or corrupt file.
+    """
+    manifest = read_manifest(directory)
+    problems = []
+    for rel, rec in manifest.files.items():
+        try:
+            found = hash_file(manifest.path / rel)
+        except FileNotFoundError:
+            problems.append(f"{rel}: missing")
+            continue
+        except OSError as exc:
+            problems.append(f"{rel}: unreadable ({exc})")
+            continue
+        if found != rec:
+            problems.append(f"{rel}: corrupt (size {found.size}, sha256 {found.sha256[:12]}…; "
+                            f"manifest says size {rec.size}, sha256 {rec.sha256[:12]}…)")
+    if problems:
+        raise CheckpointError(f"checkpoint {manifest.path} failed verification: "
+                              + "; ".join(problems), path=manifest.path)
+    return manifest
+
+
+def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> bytearray:
+    manifest = manifest or read_manifest(directory)
+    path = directory / relpath
+    record = manifest.files.get(relpath)
+    if record is None:
+        raise CheckpointError(
+            f"{path} is not part of checkpoint {directory} (not listed in its {MANIFEST}; it lists "
+            f"{sorted(manifest.files)}); was it saved with a different set of objects?", path=path)
+    try:
+        buf, sha = read_hashed(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing from checkpoint {directory} (listed in its "
+                              f"{MANIFEST}); the checkpoint is damaged, load another one",
+                              path=path) from None
+    except OSError as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}", path=path) from exc
+    if len(buf) != record.size or sha != record.sha256:
+        raise CheckpointError(
+            f"{path} is corrupt: it has {len(buf)} bytes with sha256 {sha[:16]}…, the manifest "
+            f"lists {record.size} bytes with sha256 {record.sha256[:16]}…; the file was changed "
+            "or damaged after the save, load another checkpoint", path=path)
+    return buf
+
+
+def load_tensors(directory: str | Path, relpath: str,
+                 manifest: Manifest | None = None) -> dict[str, torch.Tensor]:
+    """Verified tensors of a safetensors component, on CPU (tied aliases restored)."""
+    directory = Path(directory)
+    buf = _read_verified(directory, relpath, manifest)
+    return _st.parse(buf, str(directory / relpath))[0]
+
+
+def load_json(directory: str | Path, relpath: str, manifest: Manifest | None = None) -> Any:
+    """Verified, parsed JSON component."""
+    directory = Path(directory)
+    buf = _read_verified(directory, relpath, manifest)
+    path = directory / relpath
+    foreign = _st.describe_foreign(buf)
+    try:
+        if foreign:
+            raise ValueError(foreign)
+        return json.loads(bytes(buf).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}", path=path) from None
+
+
+def load_component(directory: str | Path, relpath: str, manifest: Manifest | None = None) -> Any:
+    """Load one file of a checkpoint after checking its size and sha256 against the manifest.
+
+    ``.safetensors`` -> dict of CPU tensors, ``.json`` -> parsed JSON, anything else -> bytes.
+
+    Raises:
+        CheckpointError: naming the file when it is unlisted, missing, corrupt or unreadable.
+    """
+    if relpath.endswith(".safetensors"):
+        return load_tensors(directory, relpath, manifest)
+    if relpath.endswith(".json"):
+        return load_json(directory, relpath, manifest)
+    return bytes(_read_verified(Path(directory), relpath, manifest))
+
+
+def read_state(directory: str | Path, stem: str, manifest: Manifest | None = None) -> Any:
+    """Read back a component written by :func:`accel.checkpoint.format.write_state`.
+
+    Raises:
+        CheckpointError: naming the file when it is missing, corrupt or malformed.
+    """
+    directory = Path(directory)
+    manifest = manifest or read_manifest(directory)
+    path = directory / f"{stem}.json"
+    doc = load_json(directory, f"{stem}.json", manifest)
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT or "state" not in doc:
+        raise CheckpointError(f"{path} is not an accel state file (expected an object with "
+                              f"\"format\": \"{STATE_FORMAT}\")", path=path)
+    tensor_file = doc.get("tensors")
+    tensors: Mapping[str, torch.Tensor] = {}
+    if tensor_file is not None:
+        if not isinstance(tensor_file, str):
+            raise CheckpointError(f"{path}: \"tensors\" must be a file name or null", path=path)
+        tensors = load_tensors(directory, tensor_file, manifest)
+    try:
+        return decode(doc["state"], tensors)
+    except ValueError as exc:
+        raise CheckpointError(f"{path} (with its tensors {tensor_file}) is malformed: {exc}",
+                              path=path) from exc
