@@ -30,6 +30,7 @@ __all__ = [
     "cuda_visible_devices",
     "detect_launch",
     "expand_nodelist",
+    "log_level",
     "pjrt_device",
     "read_settings",
 ]
@@ -393,3 +394,16 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def log_level(environ: Mapping[str, str] | None = None) -> str | None:
+    """``ACCEL_LOG_LEVEL`` (e.g. "INFO", "DEBUG", "20") upper-cased, or None when unset or empty.
+
+    Validation of the value is left to ``accel.logging``, which knows the level names.
+
+    Example:
+        >>> log_level({"ACCEL_LOG_LEVEL": "debug"})
+        'DEBUG'
+    """
+    raw = _env(environ).get("ACCEL_LOG_LEVEL", "").strip()
+    return raw.upper() or None
