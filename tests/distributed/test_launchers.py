@@ -126,6 +126,76 @@ def test_launcher_variables_give_a_two_process_gloo_group(flavour: str) -> None:
         assert r["closed"] and not r["owned_after_close"]
 
 
+def _user_group_worker(rank: int, port: int) -> dict[str, Any]:
+    """The user started the group (as with mp.spawn) and no launcher variables are set."""
+    import torch.distributed as dist
+
+    from accel.device import select_device
+    from accel.distributed import build_context, start_process_group
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=60))
+    info = detect_launch()
+    device = select_device(cpu=True)
+    ctx = build_context(info, device)
+    group = start_process_group(ctx, info, device)
+    out = {"info": (info.launcher, info.world_size), "ctx": (ctx.rank, ctx.world_size,
+           ctx.local_rank, ctx.local_world_size, ctx.node_rank), "owned": group.owned,
+           "backend": group.backend}
+    group.close()
+    out["still_initialized"] = dist.is_initialized()
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_group_started_by_the_user_is_adopted_and_left_alone() -> None:
+    def no_launcher(rank: int, world: int, port: int) -> Mapping[str, str]:
+        return {}
+
+    from tests.spawn import free_port
+
+    results = run_workers(_user_group_worker, 2, args=(free_port(),), env=no_launcher)
+    for rank, r in enumerate(results):
+        assert r["info"] == ("none", 1)
+        assert r["ctx"] == (rank, 2, rank, 2, 0)
+        assert (r["owned"], r["backend"]) == (False, "gloo")
+        assert r["still_initialized"]
+
+
+def test_build_context_single_process_and_node_rank() -> None:
+    from accel.device import select_device
+    from accel.distributed import ProcessContext, build_context
+    from accel.env import LaunchInfo
+
+    device = select_device(cpu=True)
+    single = build_context(detect_launch({}), device)
+    assert single == ProcessContext(0, 0, 1, 1, 0, device.torch_device(0), "gloo", "none")
+    assert single.is_main_process and single.is_local_main_process and single.is_last_process
+    assert not single.is_distributed and single.num_nodes == 1
+    info = LaunchInfo("slurm", 5, 1, 6, 2, 2, "n1", 1234)
+    ctx = build_context(info, device)
+    assert (ctx.rank, ctx.local_rank, ctx.node_rank, ctx.num_nodes) == (5, 1, 2, 3)
+    assert ctx.is_last_process and not ctx.is_main_process and not ctx.is_local_main_process
+
+
+def test_build_context_refuses_a_group_that_contradicts_the_launcher(tmp_path: Any) -> None:
+    import torch.distributed as dist
+
+    from accel.device import select_device
+    from accel.distributed import build_context
+    from accel.env import LaunchInfo
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        info = LaunchInfo("torchrun", 1, 1, 2, 2, 0, "127.0.0.1", 29500)
+        with pytest.raises(RuntimeError, match="rank 0 of 1 but the launcher environment "
+                                               "says rank 1 of 2"):
+            build_context(info, select_device(cpu=True))
+    finally:
+        dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------ real GPUs
 
 
