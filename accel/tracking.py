@@ -1,0 +1,436 @@
+"""Experiment trackers: ``jsonl``, ``csv``, ``tensorboard`` and a base class for your own.
+
+Only the main process writes. :func:`init_trackers` (what ``Accelerator.init_trackers``
+delegates to) builds the trackers on the main process and returns a :class:`TrackerSet`; on other
+ranks the set holds no trackers, ``log`` does nothing and ``get_tracker`` returns a no-op
+stand-in, so the same training script runs unchanged everywhere.
+
+Files, under ``<logging_dir>/<project_name>/``:
+
+- ``jsonl``: ``metrics.jsonl``, one JSON object per ``log`` call: ``{"step": 3, "loss": 0.25}``
+  (``step`` is ``null`` when not given; NaN/inf are written as ``NaN``/``Infinity`` like Python's
+  ``json``), and ``config.json`` from ``store_init_configuration``.
+- ``csv``: ``metrics.csv`` with a ``step`` column then one column per value key, in order of first
+  appearance. A key not seen before adds a column: the file is rewritten (atomically) with the
+  wider header and empty cells in earlier rows; a key missing from a call leaves its cell empty.
+  Also writes ``config.json``.
+- ``tensorboard`` (``pip install 'accel[tensorboard]'``): event files via
+  ``torch.utils.tensorboard.SummaryWriter``; numbers -> ``add_scalar``, strings -> ``add_text``,
+  dicts of numbers -> ``add_scalars``; the config goes to ``add_hparams``.
+
+Existing ``metrics.*`` files are appended to (a resumed run continues the same file).
+
+Example:
+    >>> import tempfile
+    >>> run = init_trackers("jsonl", "demo", {"lr": 0.1}, tempfile.mkdtemp(), is_main=True)
+    >>> run.log({"loss": 0.5}, step=1)
+    >>> run.get_tracker("jsonl").tracker.read_text()
+    '{"step": 1, "loss": 0.5}\\n'
+    >>> run.end_training()
+"""
+
+from __future__ import annotations
+
+import abc
+import csv
+import json
+import numbers
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from ._optional import is_available, require
+
+__all__ = ["CSVTracker", "GeneralTracker", "JSONLTracker", "TensorBoardTracker", "TrackerSet",
+           "available_trackers", "init_trackers"]
+
+Scalar = bool | int | float | str
+
+
+class GeneralTracker(abc.ABC):
+    """Base class for trackers: subclass it to send metrics anywhere.
+
+    Set the class attributes ``name`` (what ``log_with``/``get_tracker`` call it) and
+    ``requires_logging_directory``; implement ``log``; override ``store_init_configuration``,
+    ``finish`` and ``tracker`` as needed. ``main_process_only = False`` makes accel call the
+    tracker on every rank (pass an instance in ``log_with``; built on each rank by you).
+
+    Example:
+        >>> class PrintTracker(GeneralTracker):
+        ...     name = "print"
+        ...     def log(self, values, step=None, **kwargs):
+        ...         print(step, values)
+        >>> run = init_trackers([PrintTracker()], "demo", is_main=True)
+        >>> run.log({"loss": 1.5}, step=2)
+        2 {'loss': 1.5}
+    """
+
+    name: ClassVar[str] = ""
+    requires_logging_directory: ClassVar[bool] = False
+    main_process_only: ClassVar[bool] = True
+
+    def store_init_configuration(self, config: Mapping[str, Any]) -> None:
+        """Record the run's hyper-parameters (called once by ``init_trackers``)."""
+
+    @abc.abstractmethod
+    def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record ``values`` (0-d tensors already converted to Python numbers) at ``step``."""
+
+    def finish(self) -> None:
+        """Flush and close (called by ``end_training``)."""
+
+    @property
+    def tracker(self) -> Any:
+        """The underlying object (``get_tracker(name, unwrap=True)`` returns it)."""
+        return self
+
+
+def _to_python(value: Any) -> Any:
+    """0-d tensors / numpy scalars -> Python scalars; anything else unchanged."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _scalar(key: str, value: Any, tracker: str) -> Scalar:
+    value = _to_python(value)
+    if isinstance(value, (bool, str, int, float)):
+        return value
+    if isinstance(value, numbers.Real):  # e.g. numpy.float32, fractions
+        return float(value)
+    shape = getattr(value, "shape", None)
+    hint = f" of shape {tuple(shape)}" if shape is not None else ""
+    raise TypeError(
+        f"{tracker} tracker: values[{key!r}] is a {type(value).__name__}{hint}; expected a "
+        "number, a string or a 0-d tensor (log e.g. loss.item() or t.mean())"
+    )
+
+
+def _scalars(values: Mapping[str, Any], tracker: str) -> dict[str, Scalar]:
+    """Validated row for the file trackers, whose first column is ``step``."""
+    if "step" in values:
+        raise ValueError(
+            f"{tracker} tracker: values has a key 'step', which is the step column; pass it "
+            "as log(values, step=...) or rename the key"
+        )
+    return {str(key): _scalar(str(key), value, tracker) for key, value in values.items()}
+
+
+def _jsonable(value: Any) -> Any:
+    value = _to_python(value)
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)  # config records: anything else is written as its str()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+class _FileTracker(GeneralTracker):
+    requires_logging_directory = True
+    filename: ClassVar[str] = ""
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(logging_dir) / run_name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / self.filename
+
+    def store_init_configuration(self, config: Mapping[str, Any]) -> None:
+        _write_json(self.run_dir / "config.json", dict(config))
+
+    @property
+    def tracker(self) -> Path:
+        """The metrics file's path."""
+        return self.path
+
+
+class JSONLTracker(_FileTracker):
+    """Appends one JSON object per ``log`` call to ``<logging_dir>/<run_name>/metrics.jsonl``."""
+
+    name = "jsonl"
+    filename = "metrics.jsonl"
+
+    def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"jsonl tracker: log() takes no options, got {sorted(kwargs)}")
+        line = json.dumps({"step": step, **_scalars(values, self.name)})
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+
+class CSVTracker(_FileTracker):
+    """Writes ``<logging_dir>/<run_name>/metrics.csv``; a new key widens the header."""
+
+    name = "csv"
+    filename = "metrics.csv"
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike[str]) -> None:
+        super().__init__(run_name, logging_dir)
+        self.columns: list[str] = []
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with self.path.open(newline="", encoding="utf-8") as handle:
+                self.columns = next(csv.reader(handle), [])
+            if self.columns[:1] != ["step"]:
+                raise ValueError(
+                    f"csv tracker: {self.path} exists but its header {self.columns} does not "
+                    "start with 'step'; it was not written by accel — move it or pick another "
+                    "project name"
+                )
+
+    def _rewrite(self, columns: list[str]) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with self.path.open(newline="", encoding="utf-8") as src, \
+                tmp.open("w", newline="", encoding="utf-8") as dst:
+            writer = csv.DictWriter(dst, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(csv.DictReader(src))
+        os.replace(tmp, self.path)
+
+    def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"csv tracker: log() takes no options, got {sorted(kwargs)}")
+        row: dict[str, Any] = {"step": "" if step is None else step, **_scalars(values, self.name)}
+        new = [key for key in row if key not in self.columns]
+        if new and self.columns:
+            self._rewrite(self.columns + new)
+        first = not self.columns
+        self.columns += new
+        with self.path.open("a", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self.columns, restval="")
+            if first:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+def _hparam(value: Any) -> Any:
+    value = _to_python(value)
+    return value if isinstance(value, (bool, int, float, str)) else json.dumps(value, default=str)
+
+
+class TensorBoardTracker(GeneralTracker):
+    """TensorBoard event files via ``torch.utils.tensorboard`` (extra ``accel[tensorboard]``)."""
+
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike[str], **kwargs: Any) -> None:
+        require("tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = Path(logging_dir) / run_name
+        self.writer = SummaryWriter(str(self.run_dir), **kwargs)
+
+    def store_init_configuration(self, config: Mapping[str, Any]) -> None:
+        self.writer.add_hparams({k: _hparam(v) for k, v in config.items()}, metric_dict={})
+        self.writer.flush()
+
+    def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        for key, value in values.items():
+            value = _to_python(value)
+            if isinstance(value, str):
+                self.writer.add_text(key, value, global_step=step, **kwargs)
+            elif isinstance(value, Mapping):
+                scalars = {str(k): _scalar(f"{key}/{k}", v, self.name) for k, v in value.items()}
+                self.writer.add_scalars(key, scalars, global_step=step, **kwargs)
+            else:
+                scalar = _scalar(key, value, self.name)
+                self.writer.add_scalar(key, scalar, global_step=step, **kwargs)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+    @property
+    def tracker(self) -> Any:
+        """The ``SummaryWriter``."""
+        return self.writer
+
+
+_BUILTIN: Mapping[str, type[GeneralTracker]] = MappingProxyType({
+    "jsonl": JSONLTracker, "csv": CSVTracker, "tensorboard": TensorBoardTracker,
+})
+_EXTRAS: Mapping[str, str] = MappingProxyType({"tensorboard": "tensorboard"})
+
+
+def available_trackers() -> list[str]:
+    """Built-in tracker names usable here (``tensorboard`` only when it is installed).
+
+    Example:
+        >>> available_trackers()[:2]
+        ['jsonl', 'csv']
+    """
+    return [name for name in _BUILTIN if name not in _EXTRAS or is_available(_EXTRAS[name])]
+
+
+LogWith = str | GeneralTracker | Sequence[str | GeneralTracker] | None
+
+
+def _resolve(log_with: LogWith) -> list[str | GeneralTracker]:
+    items = [log_with] if isinstance(log_with, (str, GeneralTracker)) else list(log_with or [])
+    out: list[str | GeneralTracker] = []
+    for item in items:
+        if isinstance(item, GeneralTracker):
+            if not item.name:
+                raise ValueError(f"{type(item).__name__} has no `name`; set the class attribute "
+                                 "`name = \"...\"` so get_tracker() can find it")
+            out.append(item)
+        elif item == "all":
+            out.extend(n for n in available_trackers() if n not in out)
+        elif isinstance(item, str) and item in _BUILTIN:
+            if item in _EXTRAS:
+                require(_EXTRAS[item], _EXTRAS[item])  # on every rank: fail everywhere alike
+            if item not in out:
+                out.append(item)
+        else:
+            raise ValueError(
+                f"unknown tracker {item!r} in log_with; available: 'all', "
+                f"{', '.join(repr(n) for n in _BUILTIN)}, or a GeneralTracker instance "
+                "(subclass accel.tracking.GeneralTracker for other services)"
+            )
+    names = [t if isinstance(t, str) else t.name for t in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"log_with names tracker(s) {dupes} more than once; give each a "
+                         "distinct `name`")
+    return out
+
+
+class _NoOpTracker:
+    """What non-main ranks get from ``get_tracker``: every attribute is a do-nothing call."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def tracker(self) -> _NoOpTracker:
+        return self
+
+    def __getattr__(self, attr: str) -> Any:
+        return lambda *args, **kwargs: None
+
+    def __repr__(self) -> str:
+        return f"<no-op tracker {self.name!r} (not the main process)>"
+
+
+class TrackerSet:
+    """The trackers of one run; ``Accelerator.log/end_training/get_tracker`` delegate here.
+
+    Use :func:`init_trackers` to build one; ``TrackerSet()`` is the empty set (nothing was
+    requested: ``log`` does nothing).
+    """
+
+    def __init__(self, trackers: Sequence[GeneralTracker] = (), names: Sequence[str] = (),
+                 is_main: bool = True) -> None:
+        self.trackers: list[GeneralTracker] = list(trackers)
+        self.names: tuple[str, ...] = tuple(names)  # requested on every rank, built or not
+        self.is_main = is_main
+        self.finished = False
+
+    def _check_keys(self, what: str, options: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        unknown = sorted(set(options or {}) - set(self.names))
+        if unknown:
+            raise ValueError(f"{what} names tracker(s) {unknown} that are not in use; trackers "
+                             f"in use: {list(self.names)}")
+        return options or {}
+
+    def log(self, values: Mapping[str, Any], step: int | None = None,
+            log_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Send ``values`` to every tracker on this process (none on non-main ranks).
+
+        ``log_kwargs`` maps a tracker name to extra keyword arguments for its ``log``.
+        """
+        options = self._check_keys("log_kwargs", log_kwargs)
+        if self.finished:
+            raise RuntimeError("log() was called after end_training(); call init_trackers() "
+                               "again to start a new run")
+        if not isinstance(values, Mapping):
+            raise TypeError(f"log() expects a dict of values, got {type(values).__name__}")
+        converted = {key: _to_python(value) for key, value in values.items()}
+        for tracker in self.trackers:
+            tracker.log(converted, step=step, **options.get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Finish every tracker (flush and close files); calling it again does nothing."""
+        if self.finished:
+            return
+        self.finished = True
+        for tracker in self.trackers:
+            tracker.finish()
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its underlying object with ``unwrap=True``).
+
+        On a rank where the tracker does not run (not the main process), returns a stand-in
+        whose methods do nothing, so ``get_tracker("tensorboard", unwrap=True).add_scalar(...)``
+        works unchanged on every rank.
+        """
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        if name in self.names:
+            return _NoOpTracker(name)
+        raise ValueError(f"no tracker named {name!r}; trackers in use: {list(self.names)} "
+                         "(pass it in log_with and call init_trackers first)")
+
+
+def init_trackers(
+    log_with: LogWith,
+    project_name: str,
+    config: Mapping[str, Any] | None = None,
+    logging_dir: str | os.PathLike[str] | None = None,
+    is_main: bool = True,
+    init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> TrackerSet:
+    """Build the trackers named in ``log_with`` (on the main process) and store ``config``.
+
+    Args:
+        log_with: ``"all"``, a name (``"jsonl"``, ``"csv"``, ``"tensorboard"``), a
+            ``GeneralTracker`` instance, or a list of those.
+        project_name: run name; file trackers write under ``<logging_dir>/<project_name>/``.
+        config: hyper-parameters passed to each tracker's ``store_init_configuration``.
+        logging_dir: required by the built-in trackers (``Accelerator(project_dir=...)``).
+        is_main: whether this process writes. Names are validated on every rank either way.
+        init_kwargs: tracker name -> keyword arguments for that built-in tracker's constructor.
+
+    Raises:
+        ValueError: unknown tracker name, missing ``logging_dir``, or ``init_kwargs`` for a
+            tracker not in use.
+        ModuleNotFoundError: ``tensorboard`` requested but not installed.
+
+    Example:
+        >>> run = init_trackers(None, "demo")
+        >>> run.log({"loss": 1.0})  # nothing requested: nothing happens
+    """
+    if not isinstance(project_name, str) or not project_name:
+        raise ValueError(f"project_name must be a non-empty string, got {project_name!r}")
+    wanted = _resolve(log_with)
+    names = [t if isinstance(t, str) else t.name for t in wanted]
+    result = TrackerSet(names=names, is_main=is_main)
+    options = result._check_keys("init_kwargs", init_kwargs)
+    for item in wanted:
+        needs_dir = _BUILTIN[item].requires_logging_directory if isinstance(item, str) \
+            else item.requires_logging_directory
+        if needs_dir and logging_dir is None:
+            raise ValueError(
+                f"tracker {names[wanted.index(item)]!r} writes files but no logging directory "
+                "was given; pass Accelerator(project_dir=...) (or logging_dir=...)"
+            )
+    for item in wanted:
+        if isinstance(item, GeneralTracker):
+            if is_main or not item.main_process_only:
+                result.trackers.append(item)
+        elif is_main:
+            assert logging_dir is not None  # checked above for every built-in
+            result.trackers.append(_BUILTIN[item](project_name, logging_dir,
+                                                  **options.get(item, {})))
+    if config is not None:
+        for tracker in result.trackers:
+            tracker.store_init_configuration(config)
+    return result
