@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from accel.env import detect_launch
-from tests.spawn import run_workers
+from tests.spawn import free_port, run_workers
 
 EnvFor = Callable[[int, int, str], dict[str, str]]
 
@@ -151,8 +151,6 @@ def _user_group_worker(rank: int, port: int) -> dict[str, Any]:
 def test_a_group_started_by_the_user_is_adopted_and_left_alone() -> None:
     def no_launcher(rank: int, world: int, port: int) -> Mapping[str, str]:
         return {}
-
-    from tests.spawn import free_port
 
     results = run_workers(_user_group_worker, 2, args=(free_port(),), env=no_launcher)
     for rank, r in enumerate(results):
