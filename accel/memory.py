@@ -1,0 +1,194 @@
+"""Memory helpers: retry with a smaller batch on out-of-memory, release references and caches.
+
+Example:
+    >>> @find_executable_batch_size(starting_batch_size=64)
+    ... def train(batch_size):
+    ...     if batch_size > 16:
+    ...         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    ...     return batch_size
+    >>> train()
+    16
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = [
+    "clear_device_cache",
+    "find_executable_batch_size",
+    "free_memory",
+    "release_memory",
+    "should_reduce_batch_size",
+]
+
+R = TypeVar("R")
+
+#: Substrings of RuntimeError messages that mean "this batch does not fit".
+_OOM_MESSAGES = (
+    "out of memory",  # "CUDA out of memory.", "CUDA error: out of memory", "XPU out of memory"...
+    "DefaultCPUAllocator: can't allocate memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",  # what cuDNN raises for oversized batches
+)
+
+
+def should_reduce_batch_size(exception: BaseException) -> bool:
+    """True when ``exception`` is an out-of-memory error that a smaller batch may avoid.
+
+    Example:
+        >>> should_reduce_batch_size(RuntimeError("CUDA error: out of memory"))
+        True
+        >>> should_reduce_batch_size(ValueError("out of memory"))
+        False
+    """
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    if oom_types and isinstance(exception, oom_types):
+        return True
+    if isinstance(exception, RuntimeError) and len(exception.args) == 1:
+        message = str(exception.args[0])
+        return any(part in message for part in _OOM_MESSAGES)
+    return False
+
+
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Run ``gc`` (optionally) and empty the allocator caches of backends already in use.
+
+    CUDA and XPU caches are emptied only when that backend is already initialised, so this never
+    initialises CUDA (a later ``fork`` keeps working). MPS has no "initialised" query; its cache
+    is emptied when MPS is available (MPS has no fork restriction).
+
+    Example:
+        >>> clear_device_cache(garbage_collection=True)
+    """
+    if garbage_collection:
+        gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and getattr(xpu, "is_initialized", lambda: False)():
+        xpu.empty_cache()
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        torch.mps.empty_cache()
+
+
+def release_memory(*objects: Any) -> list[None]:
+    """Drop references, collect garbage and empty device caches; returns one None per object.
+
+    Python cannot clear the caller's variables, so rebind them to the result:
+
+    Example:
+        >>> a, b = [1.0] * 10, {"x": 1}
+        >>> a, b = release_memory(a, b)
+        >>> a is None and b is None
+        True
+    """
+    released: list[None] = [None] * len(objects)
+    del objects
+    clear_device_cache(garbage_collection=True)
+    return released
+
+
+#: ``accelerate``'s other name for it (``Accelerator.free_memory`` also drops its own references).
+free_memory = release_memory
+
+
+def _check_signature(function: Callable[..., Any]) -> inspect.Signature:
+    name = getattr(function, "__name__", repr(function))
+    signature = inspect.signature(function)
+    first = next(iter(signature.parameters.values()), None)
+    if first is None or first.kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                           inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                           inspect.Parameter.VAR_POSITIONAL):
+        raise TypeError(
+            f"find_executable_batch_size: `{name}{signature}` must take the batch size as its "
+            f"first positional argument, e.g. `def {name}(batch_size, ...)`"
+        )
+    return signature
+
+
+def _call_error(name: str, signature: inspect.Signature, exc: TypeError,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        return (f"{name}() was called with arguments that do not fit `{name}{signature}` after "
+                f"the batch size that find_executable_batch_size passes first: {exc}")
+    return (f"{name}() was called with the batch size as its first argument, but "
+            "find_executable_batch_size passes it: call it without the batch size, e.g. "
+            f"`{name}(model)` for `def {name}(batch_size, model)`")
+
+
+def find_executable_batch_size(
+    function: Callable[..., R] | None = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[[int], int] | None = None,
+) -> Any:
+    """Call ``function(batch_size, *args, **kwargs)``, retrying with a smaller batch on OOM.
+
+    The batch size starts at ``starting_batch_size`` on every call and is halved (or reduced by
+    ``reduce_batch_size_fn``) after each out-of-memory error (see
+    :func:`should_reduce_batch_size`); garbage is collected and device caches are emptied
+    before each try. Any other exception propagates unchanged. Call the decorated function
+    *without* the batch size: the decorator supplies it.
+
+    Raises:
+        TypeError: ``function`` does not take the batch size first, or was called with it.
+        RuntimeError: every batch size down to 1 ran out of memory.
+
+    Example:
+        >>> @find_executable_batch_size(starting_batch_size=8)
+        ... def run(batch_size, scale):
+        ...     return batch_size * scale
+        >>> run(10)
+        80
+    """
+    if function is None:
+        return functools.partial(find_executable_batch_size,
+                                 starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
+    if starting_batch_size < 1:
+        raise ValueError(f"starting_batch_size must be >= 1, got {starting_batch_size}")
+    signature = _check_signature(function)
+    reduce = reduce_batch_size_fn or (lambda size: size // 2)
+    name = getattr(function, "__name__", repr(function))
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> R:
+        try:
+            signature.bind(starting_batch_size, *args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(_call_error(name, signature, exc, args, kwargs)) from None
+        batch_size = starting_batch_size
+        tried: list[int] = []
+        last = ""
+        while batch_size > 0:
+            clear_device_cache(garbage_collection=True)
+            tried.append(batch_size)
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
+                if not should_reduce_batch_size(exc):
+                    raise
+                last = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            # Out of the except block: the exception and its frames (and tensors) are released.
+            smaller = reduce(batch_size)
+            if not isinstance(smaller, int) or smaller >= batch_size:
+                raise ValueError(f"reduce_batch_size_fn({batch_size}) returned {smaller!r}; it "
+                                 "must return a smaller int")
+            batch_size = smaller
+        clear_device_cache(garbage_collection=True)
+        raise RuntimeError(
+            f"{name}: no executable batch size found; every size tried ran out of memory "
+            f"({', '.join(map(str, tried))}). Last error: {last}. Reduce the model or input "
+            "size, or the memory other processes use."
+        )
+
+    return wrapper
