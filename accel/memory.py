@@ -126,6 +126,33 @@ def _call_error(name: str, signature: inspect.Signature, exc: TypeError,
             f"`{name}(model)` for `def {name}(batch_size, model)`")
 
 
+def _retry(function: Callable[..., R], name: str, batch_size: int,
+           reduce: Callable[[int], int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    tried: list[int] = []
+    last = ""
+    while batch_size > 0:
+        clear_device_cache(garbage_collection=True)
+        tried.append(batch_size)
+        try:
+            return function(batch_size, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
+            if not should_reduce_batch_size(exc):
+                raise
+            last = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        # Out of the except block: the exception and its frames (and tensors) are released.
+        smaller = reduce(batch_size)
+        if not isinstance(smaller, int) or smaller >= batch_size:
+            raise ValueError(f"reduce_batch_size_fn({batch_size}) returned {smaller!r}; it "
+                             "must return a smaller int")
+        batch_size = smaller
+    clear_device_cache(garbage_collection=True)
+    raise RuntimeError(
+        f"{name}: no executable batch size found; every size tried ran out of memory "
+        f"({', '.join(map(str, tried))}). Last error: {last}. Reduce the model or input "
+        "size, or the memory other processes use."
+    )
+
+
 def find_executable_batch_size(
     function: Callable[..., R] | None = None,
     starting_batch_size: int = 128,
@@ -166,29 +193,6 @@ def find_executable_batch_size(
             signature.bind(starting_batch_size, *args, **kwargs)
         except TypeError as exc:
             raise TypeError(_call_error(name, signature, exc, args, kwargs)) from None
-        batch_size = starting_batch_size
-        tried: list[int] = []
-        last = ""
-        while batch_size > 0:
-            clear_device_cache(garbage_collection=True)
-            tried.append(batch_size)
-            try:
-                return function(batch_size, *args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
-                if not should_reduce_batch_size(exc):
-                    raise
-                last = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            # Out of the except block: the exception and its frames (and tensors) are released.
-            smaller = reduce(batch_size)
-            if not isinstance(smaller, int) or smaller >= batch_size:
-                raise ValueError(f"reduce_batch_size_fn({batch_size}) returned {smaller!r}; it "
-                                 "must return a smaller int")
-            batch_size = smaller
-        clear_device_cache(garbage_collection=True)
-        raise RuntimeError(
-            f"{name}: no executable batch size found; every size tried ran out of memory "
-            f"({', '.join(map(str, tried))}). Last error: {last}. Reduce the model or input "
-            "size, or the memory other processes use."
-        )
+        return _retry(function, name, starting_batch_size, reduce, args, kwargs)
 
     return wrapper
