@@ -69,11 +69,11 @@ def latest_complete(root: str | Path) -> Path | None:
     return None
 
 
-def _clean_leftovers(root: Path, below: int) -> list[Path]:
+def _clean_leftovers(root: Path, newest: int) -> list[Path]:
     removed = []
     for entry in root.iterdir():
         match = _LEFTOVER.fullmatch(entry.name)
-        if match and int(match.group(1)) < below and entry.is_dir():
+        if match and int(match.group(1)) <= newest and entry.is_dir():
             shutil.rmtree(entry)
             removed.append(entry)
     return removed
@@ -84,8 +84,9 @@ def rotate(root: str | Path, total_limit: int | None, keep: Iterable[str | Path]
 
     Never deletes the newest complete checkpoint, anything in ``keep`` (e.g. the one just
     loaded), or a directory that is not a complete checkpoint. Temporary leftovers of
-    interrupted saves numbered below the newest complete checkpoint are removed too. Call it
-    only after the new checkpoint is complete (and from one process).
+    interrupted saves numbered up to the newest complete checkpoint are removed too (a save in
+    progress always writes a higher number). Call it only after the new checkpoint is complete,
+    from one process.
 
     Returns:
         The directories deleted.

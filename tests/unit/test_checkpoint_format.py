@@ -205,11 +205,13 @@ def test_rotation_keeps_newest_and_kept_and_cleans_leftovers(tmp_path: Path) -> 
     stale.mkdir()
     fresh = temp_dir_for(root / "checkpoint_9", "live")  # maybe a save in progress: kept
     fresh.mkdir()
+    same = temp_dir_for(root / "checkpoint_4", "dead")  # killed earlier attempt at the newest
+    same.mkdir()
     broken = root / "checkpoint_0_notes"
     broken.mkdir()
     removed = rotate(root, total_limit=2, keep={made[1]})
     assert complete_checkpoints(root) == [made[1], made[4]]
-    assert set(removed) == {made[0], made[2], made[3], stale}
+    assert set(removed) == {made[0], made[2], made[3], stale, same}
     assert fresh.exists() and broken.exists()
     assert rotate(root, total_limit=1, keep={made[1]}) == []  # newest and kept survive
     assert rotate(root, total_limit=1) == [made[1]]
