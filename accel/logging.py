@@ -68,7 +68,7 @@ def resolve_level(level: str | int | None) -> int | None:
 
 
 def _detect() -> LaunchInfo:
-    from .env import detect_launch  # stdlib only; imported on use so `import accel.logging` is bare
+    from .env import detect_launch  # stdlib only; imported on use
 
     return detect_launch()
 

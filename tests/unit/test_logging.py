@@ -1,4 +1,4 @@
-"""accel.logging and accel.progress in one process: main-only, rank prefix, level, in-order turns."""
+"""accel.logging and accel.progress in one process: main-only, rank prefix, level, turns."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from accel.logging import (MultiProcessAdapter, _Turn, _turn_directory, get_logg
                            resolve_level)
 from accel.progress import tqdm
 from tests.spawn import LAUNCHER_NAMES, LAUNCHER_PREFIXES
+
+SetRank = Callable[..., None]
 
 
 class _Records(logging.Handler):
@@ -35,7 +38,7 @@ class _Records(logging.Handler):
 
 
 @pytest.fixture
-def as_rank(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def as_rank(monkeypatch: pytest.MonkeyPatch) -> SetRank:
     """Describe a torchrun rank in the real environment (what detect_launch reads)."""
     for name in list(os.environ):
         if name in LAUNCHER_NAMES or name.startswith(LAUNCHER_PREFIXES):
@@ -61,7 +64,7 @@ def _logger(level: str | None = "DEBUG") -> tuple[MultiProcessAdapter, _Records]
     return get_logger(name, log_level=level), handler
 
 
-def test_main_process_only_by_default_and_rank_prefix_on_request(as_rank) -> None:  # type: ignore[no-untyped-def]
+def test_main_only_by_default_and_rank_prefix_on_request(as_rank: SetRank) -> None:
     logger, records = _logger()
     as_rank(1)
     logger.info("from main only")
@@ -75,7 +78,7 @@ def test_main_process_only_by_default_and_rank_prefix_on_request(as_rank) -> Non
     assert records.messages[-2:] == ["n=4", "[rank 0] all"]
 
 
-def test_without_launcher_the_process_is_main(as_rank) -> None:  # type: ignore[no-untyped-def]
+def test_without_launcher_the_process_is_main(as_rank: SetRank) -> None:
     logger, records = _logger()
     logger.info("single")
     logger.info("single", main_process_only=False)
@@ -118,7 +121,7 @@ def test_main_print(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == "a-1\n"
 
 
-def test_tqdm_disabled_off_main(as_rank) -> None:  # type: ignore[no-untyped-def]
+def test_tqdm_disabled_off_main(as_rank: SetRank) -> None:
     assert tqdm(range(2), is_main=False).disable is True
     assert list(tqdm(range(3), is_main=False)) == [0, 1, 2]
     assert tqdm(range(2), is_main=True, disable=False).disable is False
