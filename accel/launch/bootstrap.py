@@ -1,0 +1,105 @@
+"""Run the user's script in a worker started by ``accel launch`` (torchrun's entrypoint).
+
+``python -m accel.launch.bootstrap script.py [args]`` or ``... -m package.module [args]``:
+
+- runs the target with ``runpy`` and ``__main__`` semantics: ``__name__ == "__main__"``,
+  ``sys.argv == [script, *args]``, and the script's directory first on ``sys.path``, exactly as
+  ``python script.py`` would (``-m`` keeps the working directory, as ``python -m`` does);
+- arms ``PR_SET_PDEATHSIG`` so the worker dies if the launcher dies;
+- on an uncaught exception (or ``sys.exit(non-zero)``) writes the traceback to torchelastic's
+  error file (``TORCHELASTIC_ERROR_FILE``), so that the launcher prints one ROOT CAUSE block with
+  rank, host, pid and traceback; the worker itself prints a single line.
+
+Example (what ``accel launch`` runs in every worker)::
+
+    python -u -m accel.launch.bootstrap train.py --lr 0.1
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import threading
+from collections.abc import Sequence
+
+from .procs import set_parent_death_signal
+from .report import user_traceback, write_error_file
+
+__all__ = ["main", "run_target"]
+
+#: How long a failed worker may take to shut down before it exits hard (seconds).
+_EXIT_GRACE = 10.0
+_USAGE = "usage: python -m accel.launch.bootstrap (script.py | -m module) [args ...]"
+
+
+def _split(argv: Sequence[str]) -> tuple[str, bool, list[str]]:
+    if not argv or argv[0] == "-m" and len(argv) < 2:
+        raise SystemExit(f"accel.launch.bootstrap: {_USAGE}")
+    if argv[0] == "-m":
+        return argv[1], True, list(argv[2:])
+    return argv[0], False, list(argv[1:])
+
+
+def run_target(target: str, is_module: bool, args: Sequence[str]) -> None:
+    """Run a script path or module as ``__main__`` with ``sys.argv = [target, *args]``."""
+    sys.argv = [target, *args]
+    if is_module:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    # `python script.py` puts the script's directory first on sys.path, not the cwd.
+    directory = os.path.dirname(os.path.realpath(target))
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path[0] = directory
+    else:
+        sys.path.insert(0, directory)
+    # An absolute path gives the script an absolute __file__, as `python script.py` does.
+    runpy.run_path(os.path.abspath(target), run_name="__main__")
+
+
+def _record(exc: BaseException, code: int) -> None:
+    rank = os.environ.get("RANK", "?")
+    extra = {"rank": rank, "local_rank": os.environ.get("LOCAL_RANK", "?")}
+    text = user_traceback(exc, internal=(__file__,))
+    recorded = write_error_file(exc, os.environ.get("TORCHELASTIC_ERROR_FILE"), extra, text)
+    sys.stdout.flush()
+    if recorded:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        print(f"[accel] rank {rank} failed: {type(exc).__name__}: {first} (traceback in the "
+              "launcher's ROOT CAUSE report)", file=sys.stderr, flush=True)
+    else:
+        print(text, end="", file=sys.stderr, flush=True)
+    # Exit even if shutdown hangs (non-daemon user threads, a wedged process-group destructor).
+    timer = threading.Timer(_EXIT_GRACE, os._exit, args=(code,))
+    timer.daemon = True
+    timer.start()
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    return 1  # sys.exit("message") exits with 1, like Python itself
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of a worker; returns the exit code."""
+    target, is_module, args = _split(sys.argv[1:] if argv is None else argv)
+    agent = os.environ.get("ACCEL_AGENT_PID", "")
+    set_parent_death_signal(int(agent) if agent.isdigit() else None)
+    try:
+        run_target(target, is_module, args)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code != 0:
+            _record(exc, code)
+        return code
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then we exit 1
+        _record(exc, 1)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""The ``accel`` command line: ``launch``, ``config``, ``env``, ``test``.
+
+Importing this module (and ``accel --help`` / ``accel launch --help``) never imports torch; torch
+is imported only after the arguments are parsed, by the command that needs it.
+
+Errors in the command line or the configuration print one line and exit with status 2.
+
+Example:
+    >>> main(["launch", "--cpu", "-n", "2", "train.py"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .config_file import ConfigFile, default_config_path, read_config
+from .errors import CLIError
+
+__all__ = ["build_parser", "main"]
+
+_EPILOG_LAUNCH = """\
+precedence: flag > environment (ACCEL_*) > config file > default; the settings table printed
+before the start says where each value came from. -n/--num_processes is the total over all
+machines (Accelerate's meaning). Config file: --config_file, else $ACCEL_CONFIG_FILE, else
+~/.config/accel/default_config.yaml if it exists. Examples:
+  accel launch --cpu -n 4 train.py --lr 0.1
+  accel launch -m mypackage.train
+  accel launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 \\
+      --main_process_port 29500 train.py
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive(text: str) -> int:
+    return _bounded(text, 1)
+
+
+def _non_negative(text: str) -> int:
+    return _bounded(text, 0)
+
+
+def _bounded(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _non_negative(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, *extra: str, **kwargs: Any) -> None:
+    spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*extra, *spellings, dest=name, **kwargs)
+
+
+def _add_launch_args(p: argparse.ArgumentParser) -> None:
+    _flag(p, "num_processes", "-n", type=_positive, metavar="N",
+          help="total processes over all machines (default: one per visible GPU, else 1)")
+    _flag(p, "num_machines", type=_positive, metavar="N", help="number of machines (default 1)")
+    _flag(p, "machine_rank", type=_non_negative, metavar="R", help="rank of this machine")
+    _flag(p, "main_process_ip", metavar="IP", help="address of machine rank 0 (multi-node)")
+    _flag(p, "main_process_port", type=_port, metavar="PORT",
+          help="rendezvous port on machine rank 0 (multi-node; single node: a free port)")
+    _flag(p, "ips", metavar="IP1,IP2", help="Paddle-style machine list: sets --num_machines, "
+          "--main_process_ip (the first) and --machine_rank (this machine's position)")
+    p.add_argument("--cpu", dest="device", action="store_const", const="cpu", default=None,
+                   help="run on the CPU with gloo even if GPUs are visible")
+    _flag(p, "gpu_ids", metavar="IDS", help="GPU indices to use, e.g. 0,1 (default: all)")
+    _flag(p, "mixed_precision", choices=["no", "fp16", "bf16"], help="no | fp16 | bf16")
+    _flag(p, "gradient_accumulation_steps", type=_positive, metavar="N")
+    _flag(p, "num_cpu_threads_per_process", type=_positive, metavar="N",
+          help="OMP_NUM_THREADS of each worker (default: cores / processes per machine)")
+    _flag(p, "max_restarts", type=_non_negative, metavar="N", help="restarts of the worker "
+          "group before the job fails (default 0)")
+    _flag(p, "monitor_interval", type=_seconds, metavar="S", help="seconds between health "
+          "checks of the workers (default 0.1)")
+    _flag(p, "rdzv_backend", choices=["static", "c10d", "etcd", "etcd-v2"],
+          help="rendezvous backend (default: c10d on one machine, static on several)")
+    _flag(p, "rdzv_conf", metavar="K=V,...", help="extra rendezvous options, as torchrun's")
+    _flag(p, "tee", metavar="STD", help="copy worker stdout/stderr to --log_dir (torchrun's "
+          "--tee: 1 stdout, 2 stderr, 3 both)")
+    _flag(p, "log_dir", metavar="DIR", help="directory for worker logs and error files")
+    _flag(p, "config_file", metavar="PATH", help="YAML config (must exist)")
+    p.add_argument("--quiet", "-q", action="store_true", help="do not print the settings table")
+    p.add_argument("--debug", action="store_const", const=True, default=None,
+                   help="ACCEL_DEBUG=1 (check collectives across ranks) and verbose torchrun")
+    p.add_argument("--module", "-m", action="store_true",
+                   help="the target is a module name (like python -m)")
+    p.add_argument("script", metavar="script.py", nargs="?",
+                   help="the training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``accel`` parser with its subcommands."""
+    parser = _Parser(prog="accel", description="Run PyTorch training loops on CPU, CUDA or XLA, "
+                     "in one process or many.", allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    launch = sub.add_parser("launch", help="start a script in N processes (torchrun's agent)",
+                            epilog=_EPILOG_LAUNCH, allow_abbrev=False,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_launch_args(launch)
+    config = sub.add_parser("config", help="write the default config file (asks questions; "
+                            "`accel config default` asks none)", allow_abbrev=False)
+    config.add_argument("action", nargs="?", choices=["default"], help="write defaults")
+    _flag(config, "config_file", metavar="PATH", help="where to write (default: "
+          "$ACCEL_CONFIG_FILE or ~/.config/accel/default_config.yaml)")
+    _flag(config, "mixed_precision", choices=["no", "fp16", "bf16"],
+          help="for `default`: the mixed precision to write")
+    config.add_argument("--force", action="store_true",
+                        help="for `default`: overwrite an existing file")
+    sub.add_parser("env", help="what accel detects here (paste it into bug reports)")
+    sub.add_parser("test", help="2-process CPU self-check of collectives and a DDP step")
+    return parser
+
+
+def _locate_config(flag: str | None) -> tuple[ConfigFile | None, str]:
+    """The config file to use and how it was found; a missing explicit file is an error."""
+    if flag:
+        return read_config(flag), "flag --config_file"
+    path, how = default_config_path()
+    if how != "default location":
+        return read_config(path), how
+    if path.is_file():
+        return read_config(path), "default location (used because it exists)"
+    return None, f"none (no file at {path})"
+
+
+def _is_local_address(ip: str) -> bool:
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(ip, None, type=socket.SOCK_DGRAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.bind((address[0], 0))  # only an address of this machine can be bound
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _gpu_count() -> int:
+    from ..device.cuda import CUDADevice  # imports torch: only after parsing
+
+    return CUDADevice.count()
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from ..env import cpu_count
+    from .settings import resolve_settings, settings_table
+    from .torchrun import build_torchrun_argv, run_torchrun, worker_env
+
+    if args.script is None:
+        raise CLIError("no script given; usage: accel launch [flags] script.py [args] (or "
+                       "-m package.module [args])")
+    if not args.module and not os.path.isfile(args.script):
+        raise CLIError(f"script {args.script!r} does not exist (cwd {os.getcwd()}); pass a "
+                       "Python file, or -m package.module for a module")
+    config, config_note = _locate_config(args.config_file)
+    flags = {key: value for key, value in vars(args).items() if key != "command"}
+    settings = resolve_settings(flags, os.environ, config, gpu_count=_gpu_count,
+                                cpu_count=cpu_count(), run_id=uuid.uuid4().hex,
+                                is_local_address=_is_local_address, free_port=_free_port)
+    if config is not None and config.ignored:
+        print(f"accel launch: warning: config file {config.path}: ignoring keys accel does not "
+              f"use: {', '.join(config.ignored)}", file=sys.stderr)
+    for warning in settings.warnings:
+        print(f"accel launch: warning: {warning}", file=sys.stderr)
+    if not args.quiet:
+        print(settings_table(settings, config_note), file=sys.stderr, flush=True)
+    return run_torchrun(build_torchrun_argv(settings), worker_env(settings), settings.debug)
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command == "launch":
+        return _launch(args)
+    if args.command == "config":
+        from .config_cmd import run_config
+
+        return run_config(args)
+    if args.command == "env":
+        from .info import print_env
+
+        return print_env()
+    if args.command == "test":
+        from .selftest import run_selftest
+
+        return run_selftest()
+    parser.print_help()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``accel`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        return _dispatch(parser, args)
+    except CLIError as exc:
+        print(f"accel {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if "pip install" not in str(exc):  # not one of accel's "install the extra" messages
+            raise
+        print(f"accel {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"accel {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,140 @@
+"""``accel config`` (questions on stdin) and ``accel config default`` (no questions).
+
+The file goes to ``--config_file``, else ``$ACCEL_CONFIG_FILE``, else
+``~/.config/accel/default_config.yaml`` (``$XDG_CONFIG_HOME`` respected), in Accelerate's format.
+
+Example:
+    >>> answers = iter(["1", "yes", "4", "bf16"])
+    >>> ask_config(lambda prompt: next(answers), gpu_count=0)["num_processes"]
+    4
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .config_file import config_to_yaml_dict, default_config_path, write_config
+from .errors import CLIError
+
+__all__ = ["ask_config", "default_values", "run_config"]
+
+_ATTEMPTS = 5
+
+
+def _ask(ask: Callable[[str], str], question: str, default: Any,
+         parse: Callable[[str], Any]) -> Any:
+    shown = "" if default is None else f" [{default}]"
+    for _ in range(_ATTEMPTS):
+        try:
+            answer = ask(f"{question}{shown}: ").strip()
+        except EOFError:
+            raise CLIError(f"no answer for {question!r} (end of input); run `accel config` in a "
+                           "terminal or use `accel config default`") from None
+        if not answer and default is not None:
+            answer = str(default)
+        try:
+            return parse(answer)
+        except ValueError as exc:
+            print(f"  {exc}; please try again")
+    raise CLIError(f"no valid answer for {question!r} after {_ATTEMPTS} attempts")
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"between {low} and {high}"
+            raise ValueError(f"expected an integer {bound}, got {text!r}")
+        return value
+    return parse
+
+
+def _yes_no(text: str) -> bool:
+    key = text.lower()
+    if key in ("y", "yes", "true", "1"):
+        return True
+    if key in ("n", "no", "false", "0"):
+        return False
+    raise ValueError(f"expected yes or no, got {text!r}")
+
+
+def _one_of(choices: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text.lower()
+    return parse
+
+
+def _gpu_ids(per_machine: int) -> Callable[[str], str | None]:
+    def parse(text: str) -> str | None:
+        if text.lower() == "all":
+            return None
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items or not all(item.isdigit() for item in items):
+            raise ValueError(f"expected GPU indices such as 0,1 or 'all', got {text!r}")
+        if len(items) < per_machine:
+            raise ValueError(f"{per_machine} processes per machine need at least {per_machine} "
+                             f"GPU ids, got {len(items)}")
+        return ",".join(items)
+    return parse
+
+
+def _nonempty(text: str) -> str:
+    if not text:
+        raise ValueError("an answer is required")
+    return text
+
+
+def ask_config(ask: Callable[[str], str], gpu_count: int) -> dict[str, Any]:
+    """Ask the questions (machines, rank, address/port, CPU, processes, GPU ids, precision)."""
+    machines = _ask(ask, "How many machines will run the job", 1, _int_in(1))
+    rank, ip, port = 0, None, None
+    if machines > 1:
+        rank = _ask(ask, "Rank of this machine (0 = the main machine)", 0,
+                    _int_in(0, machines - 1))
+        ip = _ask(ask, "IP address of the main machine (rank 0)", None, _nonempty)
+        port = _ask(ask, "Rendezvous port on the main machine", 29500, _int_in(1, 65535))
+    use_cpu = _ask(ask, "Run on the CPU only (yes/no)", "no" if gpu_count else "yes", _yes_no)
+    default_n = gpu_count * machines if gpu_count and not use_cpu else machines
+    processes = _ask(ask, "How many processes in total (all machines)", default_n, _int_in(1))
+    gpu_ids = None
+    if not use_cpu:
+        gpu_ids = _ask(ask, "Which GPU ids (comma-separated, or all)", "all",
+                       _gpu_ids(-(-processes // machines)))
+    precision = _ask(ask, "Mixed precision (no/fp16/bf16)", "no", _one_of(("no", "fp16", "bf16")))
+    return config_to_yaml_dict(num_machines=machines, machine_rank=rank, main_process_ip=ip,
+                               main_process_port=port, use_cpu=use_cpu, num_processes=processes,
+                               gpu_ids=gpu_ids, mixed_precision=precision)
+
+
+def default_values(gpu_count: int, mixed_precision: str = "no") -> dict[str, Any]:
+    """What ``accel config default`` writes: one machine, every visible GPU (or 1 CPU process)."""
+    return config_to_yaml_dict(num_machines=1, machine_rank=0, main_process_ip=None,
+                               main_process_port=None, use_cpu=gpu_count == 0,
+                               num_processes=max(gpu_count, 1), gpu_ids=None,
+                               mixed_precision=mixed_precision)
+
+
+def run_config(args: argparse.Namespace) -> int:
+    """``accel config [default]``."""
+    from .cli import _gpu_count
+
+    path = args.config_file or default_config_path()[0]
+    if args.action == "default":
+        from pathlib import Path
+
+        if Path(path).exists() and not args.force:
+            raise CLIError(f"{path} already exists; pass --force to overwrite it")
+        data = default_values(_gpu_count(), args.mixed_precision or "no")
+    else:
+        print(f"accel config: answers go to {path} (press Enter for the [default])")
+        data = ask_config(input, _gpu_count())
+    written = write_config(path, data)
+    print(f"accel config: wrote {written}")
+    return 0

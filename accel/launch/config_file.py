@@ -1,0 +1,230 @@
+"""The YAML config file of ``accel launch`` / ``accel config`` (Accelerate-compatible keys).
+
+Where it lives: ``$ACCEL_CONFIG_FILE`` if set, else ``$XDG_CONFIG_HOME/accel/default_config.yaml``,
+else ``~/.config/accel/default_config.yaml``. Files are read with ``yaml.safe_load`` only (no
+Python tags, no code), and PyYAML is imported lazily (pip extra ``yaml``).
+
+A file written by ``accelerate config`` is accepted: the keys accel understands are mapped to
+launch settings, boiler-plate keys at their neutral values are accepted silently, and every other
+key is reported in one warning.
+
+Example:
+    >>> cfg = parse_config({"distributed_type": "MULTI_CPU", "num_processes": 4}, "cfg.yaml")
+    >>> cfg.values["device"], cfg.values["num_processes"], cfg.ignored
+    ('cpu', 4, [])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._optional import require
+from .errors import CLIError
+
+__all__ = [
+    "ConfigFile",
+    "config_to_yaml_dict",
+    "default_config_path",
+    "load_yaml",
+    "parse_config",
+    "read_config",
+    "user_config_path",
+    "write_config",
+]
+
+FILE_NAME = "default_config.yaml"
+
+#: Keys whose value is used as-is (after validation by the settings resolver).
+_DIRECT_KEYS = (
+    "num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
+    "mixed_precision", "gpu_ids", "gradient_accumulation_steps", "num_cpu_threads_per_process",
+    "max_restarts", "monitor_interval", "rdzv_backend", "rdzv_conf", "debug", "tee", "log_dir",
+)
+
+#: Accelerate boiler-plate: accepted silently while it has one of these (neutral) values.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "compute_environment": ("LOCAL_MACHINE",),
+    "downcast_bf16": ("no", False, None),
+    "main_training_function": ("main", None),
+    "same_network": (True, None),
+    "enable_cpu_affinity": (False, None),
+    "use_mps_device": (False, None),
+    "tpu_env": ([], None),
+    "tpu_use_cluster": (False, None),
+    "tpu_use_sudo": (False, None),
+    "tpu_name": (None,),
+    "tpu_zone": (None,),
+    "commands": (None,),
+    "command_file": (None,),
+    "dynamo_config": ({}, None),
+    "deepspeed_config": ({}, None),
+    "fsdp_config": ({}, None),
+    "megatron_lm_config": ({}, None),
+    "ipex_config": ({}, None),
+}
+
+_DISTRIBUTED_TYPES: dict[str, str | None] = {
+    "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "MULTI_XLA": "xla",
+    "TPU": "xla",
+}
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A parsed config file: launch settings it sets, and the keys it ignores."""
+
+    path: str
+    values: dict[str, Any] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/accel/default_config.yaml`` or ``~/.config/accel/default_config.yaml``."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "accel" / FILE_NAME
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> tuple[Path, str]:
+    """The config path to use when none is given, and why: ``env ACCEL_CONFIG_FILE`` or default.
+
+    Example:
+        >>> default_config_path({"ACCEL_CONFIG_FILE": "/tmp/a.yaml"})
+        (PosixPath('/tmp/a.yaml'), 'env ACCEL_CONFIG_FILE')
+    """
+    env = os.environ if environ is None else environ
+    if env.get("ACCEL_CONFIG_FILE"):
+        return Path(env["ACCEL_CONFIG_FILE"]).expanduser(), "env ACCEL_CONFIG_FILE"
+    return user_config_path(env), "default location"
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML mapping with ``yaml.safe_load``; every problem is a one-line ``CLIError``."""
+    yaml = require("yaml", "yaml")
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise CLIError(f"config file {name} does not exist; pass an existing file or create one "
+                       "with `accel config`") from None
+    except IsADirectoryError:
+        raise CLIError(f"config file {name} is a directory; expected a YAML file") from None
+    except yaml.constructor.ConstructorError as exc:
+        raise CLIError(
+            f"config file {name} uses a YAML tag that is not allowed ({exc.problem}); accel reads "
+            "configs with yaml.safe_load, which builds plain data only (maps, lists, strings, "
+            "numbers, booleans): remove the tag"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise CLIError(f"config file {name} is not valid YAML: {problem}{where}; fix it or "
+                       "write a new one with `accel config`") from None
+    if not isinstance(data, dict):
+        found = "empty" if data is None else f"a {type(data).__name__}"
+        raise CLIError(f"config file {name} is {found}; expected a mapping of settings such as "
+                       "`num_processes: 2`")
+    return data
+
+
+def _neutral(key: str, value: Any) -> bool:
+    return key in _NEUTRAL and any(value == ok and type(value) is type(ok) or value is ok
+                                   for ok in _NEUTRAL[key])
+
+
+def _device_of(raw: Mapping[str, Any], path: str) -> tuple[str | None, bool]:
+    """(device kind or None, single-process) from ``use_cpu`` / ``distributed_type``."""
+    dist_type = raw.get("distributed_type")
+    single = False
+    device: str | None = None
+    if dist_type is not None:
+        key = str(dist_type).upper()
+        if key not in _DISTRIBUTED_TYPES:
+            raise CLIError(
+                f"config file {path}: distributed_type {dist_type!r} is not supported by accel; "
+                f"expected one of {', '.join(_DISTRIBUTED_TYPES)} (DDP on CPU/GPU, or XLA)"
+            )
+        device = _DISTRIBUTED_TYPES[key]
+        single = key == "NO"
+    use_cpu = raw.get("use_cpu")
+    if use_cpu not in (None, True, False):
+        raise CLIError(f"config file {path}: use_cpu must be true or false, got {use_cpu!r}")
+    if use_cpu:
+        device = "cpu"
+    return device, single
+
+
+def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
+    """Map an (Accelerate-style) config mapping to launch settings."""
+    values: dict[str, Any] = {}
+    ignored: list[str] = []
+    for key, value in raw.items():
+        if key in _DIRECT_KEYS:
+            if value is not None:
+                values[key] = value
+        elif key not in ("distributed_type", "use_cpu") and not _neutral(key, value):
+            ignored.append(str(key))
+    device, single = _device_of(raw, path)
+    if device is not None:
+        values["device"] = device
+    if single and "num_processes" not in values:
+        values["num_processes"] = 1
+    if values.get("mixed_precision") is False:  # YAML 1.1 reads an unquoted `no` as false
+        values["mixed_precision"] = "no"
+    if str(values.get("gpu_ids", "")).lower() == "all":
+        del values["gpu_ids"]
+    elif isinstance(values.get("gpu_ids"), (list, tuple)):
+        values["gpu_ids"] = ",".join(str(item) for item in values["gpu_ids"])
+    return ConfigFile(path, values, sorted(ignored), dict(raw))
+
+
+def read_config(path: str | os.PathLike[str]) -> ConfigFile:
+    """Load and parse a config file.
+
+    Raises:
+        CLIError: missing file, invalid YAML, Python tags, unsupported ``distributed_type``.
+    """
+    name = os.fspath(path)
+    return parse_config(load_yaml(name), name)
+
+
+def config_to_yaml_dict(
+    *, num_machines: int, machine_rank: int, main_process_ip: str | None,
+    main_process_port: int | None, use_cpu: bool, num_processes: int, gpu_ids: str | None,
+    mixed_precision: str,
+) -> dict[str, Any]:
+    """The mapping ``accel config`` writes (Accelerate's key names, so both tools read it)."""
+    out: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": ("MULTI_CPU" if use_cpu else "MULTI_GPU") if num_processes > 1
+        else "NO",
+        "mixed_precision": mixed_precision,
+        "num_machines": num_machines,
+        "machine_rank": machine_rank,
+        "num_processes": num_processes,
+        "gpu_ids": gpu_ids or "all",
+        "use_cpu": use_cpu,
+    }
+    if num_machines > 1:
+        out["main_process_ip"] = main_process_ip
+        out["main_process_port"] = main_process_port
+    return out
+
+
+def write_config(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
+    """Write ``data`` as YAML (creating parent directories); returns the path written."""
+    yaml = require("yaml", "yaml")
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(dict(data), fh, sort_keys=False, default_flow_style=False)
+    os.replace(tmp, target)
+    return target

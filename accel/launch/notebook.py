@@ -1,0 +1,248 @@
+"""``notebook_launcher`` / ``debug_launcher``: run a function in N processes from Jupyter.
+
+Built on torchrun's elastic agent (``torch.distributed.launcher.api.elastic_launch``) with the
+``fork`` start method, so functions defined in a notebook cell work without pickling. Each call
+uses a fresh rendezvous (a c10d store on a free port), so it can be called again in the same
+kernel, also after a failure.
+
+Paddle users: ``paddle.distributed.spawn(fn, args, nprocs=4, selected_gpus="0,1,2,3")`` maps to
+``notebook_launcher(fn, args, num_processes=4, gpu_ids="0,1,2,3")``; ``spawn`` returns a context
+to join, ``notebook_launcher`` blocks and returns rank 0's return value.
+
+Example:
+    >>> def train(lr):
+    ...     from accel import Accelerator
+    ...     accelerator = Accelerator()
+    ...     return accelerator.process_index
+    >>> notebook_launcher(train, (0.1,), num_processes=2)  # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import base64
+import gc
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .procs import set_parent_death_signal
+from .report import Failure, failure_from_error_data, root_failure, user_traceback, \
+    write_error_file
+
+__all__ = ["WorkerFailedError", "debug_launcher", "notebook_launcher"]
+
+#: Signals torchelastic takes over in the caller (and does not give back).
+_AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+_NOISY_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker died without a Python exception (killed, crashed) or its exception was lost."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback; shown as the cause of the re-raised exception."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _worker(function: Callable[..., Any], env: Mapping[str, str], parent: int | None,
+            *args: Any) -> Any:
+    """Runs in each forked worker: set the environment, call ``function``, record failures."""
+    os.environ.update(env)
+    if parent is not None:
+        set_parent_death_signal(parent)
+    try:
+        return function(*args)
+    except BaseException as exc:  # noqa: BLE001 - recorded for the caller, then exit 1
+        try:
+            payload = base64.b64encode(pickle.dumps(exc)).decode()
+        except Exception as pickle_error:  # noqa: BLE001 - unpicklable: traceback text only
+            payload = f"!{type(pickle_error).__name__}: {pickle_error}"
+        extra = {"rank": os.environ.get("RANK", "?"), "exception": payload}
+        write_error_file(exc, os.environ.get("TORCHELASTIC_ERROR_FILE"), extra,
+                         user_traceback(exc, internal=(__file__,)))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(1) from None  # SystemExit: torchelastic's @record keeps our error file
+
+
+def _check_parent(cuda: bool = True) -> None:
+    """Refuse to fork from a process whose state the workers cannot inherit safely."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError(
+            "notebook_launcher: torch.distributed is already initialised in this process; "
+            "call torch.distributed.destroy_process_group() or restart the kernel"
+        )
+    if not cuda:
+        return
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "notebook_launcher: CUDA is already initialised in this process (a cell moved a "
+            "tensor or model to the GPU), and forked workers cannot use CUDA after that. "
+            "Restart the kernel and call notebook_launcher before any cell touches the GPU; "
+            "create models, tensors and the Accelerator inside the launched function."
+        )
+    module = sys.modules.get("accel.accelerator")
+    cls = getattr(module, "Accelerator", None) if module is not None else None
+    if isinstance(cls, type) and any(isinstance(obj, cls) for obj in gc.get_objects()):
+        raise RuntimeError(
+            "notebook_launcher: an accel Accelerator already exists in this process; create "
+            "the Accelerator inside the function you launch (each worker needs its own). "
+            "Delete it (`del accelerator`, and clear IPython's output history with %reset out) "
+            "or restart the kernel, then call notebook_launcher again."
+        )
+
+
+def _raise_failure(exc: Any) -> None:
+    failures: list[Failure] = []
+    payloads: dict[int, str] = {}
+    for rank, failure in exc.failures.items():
+        data = failure.error_file_data if isinstance(failure.error_file_data, Mapping) else None
+        failures.append(failure_from_error_data(int(rank), int(failure.local_rank),
+                                                int(failure.pid), int(failure.exitcode),
+                                                data, 0))
+        info = ((data or {}).get("message") or {})
+        extra = info.get("extraInfo", {}).get("accel", {}) if isinstance(info, dict) else {}
+        if isinstance(extra.get("exception"), str):
+            payloads[int(rank)] = extra["exception"]
+    root = root_failure(failures)
+    others = "; ".join(f.summary() for f in failures if f is not root)
+    where = f"rank {root.rank} (pid {root.pid}, host {root.host})"
+    note = f"raised in notebook_launcher worker {where}" + \
+        (f"; other ranks: {others}" if others else "")
+    payload = payloads.get(root.rank, "!")
+    original: BaseException | None = None
+    if not payload.startswith("!"):
+        original = pickle.loads(base64.b64decode(payload))  # written by our own worker
+    if root.traceback is None or original is None:
+        text = root.traceback or root.message
+        raise WorkerFailedError(f"worker {where} failed: {text}\n{note}") from None
+    original.add_note(note)
+    raise original from RemoteTraceback(root.traceback)
+
+
+def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, env: dict[str, str],
+            *, master_addr: str, port: int | None, node_rank: int, num_nodes: int,
+            max_restarts: int, monitor_interval: float) -> Any:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if num_nodes > 1:
+        rdzv = {"rdzv_backend": "static", "rdzv_endpoint": f"{master_addr}:{port or 29500}",
+                "rdzv_configs": {"rank": node_rank}}
+        warnings.warn(f"notebook_launcher: the rendezvous port {master_addr}:{port or 29500} is "
+                      "unauthenticated; keep it on a private network", stacklevel=3)
+    else:
+        rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": f"{master_addr}:{port or 0}"}
+    config = LaunchConfig(min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nproc,
+                          run_id=uuid.uuid4().hex, role="notebook", max_restarts=max_restarts,
+                          monitor_interval=monitor_interval, start_method="fork", **rdzv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    parent = os.getpid() if main_thread else None  # PDEATHSIG follows the forking thread
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in _AGENT_SIGNALS
+             if hasattr(signal, name)} if main_thread else {}
+    # The agent logs every failed worker at ERROR level; the re-raised exception says it all.
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        results = elastic_launch(config, _worker)(function, env, parent, *args)
+    except ChildFailedError as exc:
+        _raise_failure(exc)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        for name, handler in saved.items():  # the agent replaced the kernel's handlers
+            if handler is not None:
+                signal.signal(getattr(signal, name), handler)
+    return results.get(0)
+
+
+def _threads(nproc: int) -> str:
+    from ..env import cpu_count
+
+    return str(max(1, cpu_count() // nproc))
+
+
+def notebook_launcher(
+    function: Callable[..., Any], args: Sequence[Any] = (), num_processes: int | None = None,
+    mixed_precision: str = "no", use_port: int | None = None, master_addr: str = "127.0.0.1",
+    node_rank: int = 0, num_nodes: int = 1, max_restarts: int = 0,
+    monitor_interval: float = 0.1, gpu_ids: str | Sequence[int] | None = None,
+) -> Any:
+    """Run ``function(*args)`` in ``num_processes`` processes per node; return rank 0's result.
+
+    Args:
+        function: called in every worker (an ``Accelerator()`` created inside it joins the job).
+        args: positional arguments for ``function``.
+        num_processes: processes on this node; default one per visible GPU, or 1 without GPUs.
+            On a machine without GPUs the workers are CPU processes over gloo.
+        mixed_precision: ``no``, ``fp16`` or ``bf16`` (``ACCEL_MIXED_PRECISION`` in workers).
+        use_port: rendezvous port; default a free port on one node, 29500 on several.
+        master_addr, node_rank, num_nodes: multi-node jobs (static rendezvous).
+        max_restarts, monitor_interval: as torchrun's.
+        gpu_ids: GPUs to use, e.g. ``"0,1"`` (Paddle's ``selected_gpus``).
+
+    Returns:
+        What ``function`` returned on rank 0 (``None`` on nodes that do not host rank 0).
+
+    Raises:
+        The worker's exception (its traceback attached as the cause), ``WorkerFailedError``
+        when a worker died without one, ``RuntimeError`` if CUDA is already initialised here or
+        an ``Accelerator`` already exists in this process, ``ValueError`` for bad arguments.
+    """
+    from ..config import parse_mixed_precision
+    from ..device.cuda import CUDADevice
+
+    _check_parent()
+    precision = parse_mixed_precision(mixed_precision).value
+    ids = None if gpu_ids is None else (
+        gpu_ids if isinstance(gpu_ids, str) else ",".join(str(i) for i in gpu_ids))
+    gpus = CUDADevice.count()
+    pool = len(ids.split(",")) if ids else gpus
+    nproc = num_processes if num_processes is not None else max(pool, 1)
+    if nproc < 1:
+        raise ValueError(f"num_processes must be >= 1, got {nproc}")
+    if gpus and nproc > pool:
+        raise ValueError(f"num_processes={nproc} but only {pool} GPU(s) are visible; pass "
+                         f"num_processes={pool} or fewer (or use debug_launcher for CPU runs)")
+    env = {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cuda" if gpus else "cpu",
+           "OMP_NUM_THREADS": _threads(nproc)}
+    if precision != "no":
+        env["ACCEL_MIXED_PRECISION"] = precision
+    if ids:
+        env["CUDA_VISIBLE_DEVICES"] = ids
+    return _launch(function, args, nproc, env, master_addr=master_addr, port=use_port,
+                   node_rank=node_rank, num_nodes=num_nodes, max_restarts=max_restarts,
+                   monitor_interval=monitor_interval)
+
+
+def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (),
+                   num_processes: int = 2) -> Any:
+    """Run ``function(*args)`` in ``num_processes`` CPU processes (gloo), for tests.
+
+    Example:
+        >>> debug_launcher(lambda: 1, num_processes=2)  # doctest: +SKIP
+        1
+    """
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    _check_parent(cuda=False)  # the workers are CPU-only: CUDA state in the parent is harmless
+    env = {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
+           "OMP_NUM_THREADS": _threads(num_processes)}
+    return _launch(function, args, num_processes, env, master_addr="127.0.0.1", port=None,
+                   node_rank=0, num_nodes=1, max_restarts=0, monitor_interval=0.1)

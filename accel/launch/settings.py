@@ -1,0 +1,354 @@
+"""Resolve ``accel launch`` settings: flag > environment > config file > default, with sources.
+
+Every setting remembers where it came from (``flag --num_processes``, ``env ACCEL_DEBUG``,
+``config /path/file.yaml``, ``default``, ``detected ...``) so that the launcher can print it.
+Nothing here imports torch: the number of visible GPUs is passed in as a callable and only
+called when the device choice needs it.
+
+Example:
+    >>> s = resolve_settings({"device": "cpu", "num_processes": 4, "script": "t.py"}, {},
+    ...                      None, gpu_count=lambda: 0, cpu_count=8, run_id="x")
+    >>> (s.num_processes, s.device, s.num_cpu_threads_per_process, s.sources["device"])
+    (4, 'cpu', 2, 'flag --cpu')
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import parse_mixed_precision
+from ..env import cuda_visible_devices
+from .config_file import ConfigFile
+from .errors import CLIError
+
+__all__ = ["LOOPBACK", "LaunchSettings", "resolve_settings", "settings_table"]
+
+LOOPBACK = "127.0.0.1"
+
+#: Environment variables read for a setting (first set one wins), after flags, before config.
+ENV_SOURCES: dict[str, tuple[str, ...]] = {
+    "device": ("ACCEL_DEVICE",),
+    "mixed_precision": ("ACCEL_MIXED_PRECISION",),
+    "gradient_accumulation_steps": ("ACCEL_GRADIENT_ACCUMULATION_STEPS",),
+    "debug": ("ACCEL_DEBUG",),
+    "num_cpu_threads_per_process": ("ACCEL_NUM_THREADS", "OMP_NUM_THREADS"),
+}
+_DEVICES = ("cpu", "cuda", "xla", "mps")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Everything needed to build the torchrun command line and the workers' environment."""
+
+    script: str
+    module: bool = False
+    script_args: tuple[str, ...] = ()
+    num_processes: int = 1
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str = LOOPBACK
+    main_process_port: int = 0  # 0: the c10d store binds a free port (single node only)
+    device: str = "cpu"
+    gpu_ids: str | None = None
+    #: CUDA_VISIBLE_DEVICES for the workers (``gpu_ids`` mapped through the launcher's own).
+    cuda_visible_devices: str | None = None
+    mixed_precision: str = "no"
+    gradient_accumulation_steps: int = 1
+    num_cpu_threads_per_process: int = 1
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    rdzv_backend: str = "c10d"
+    rdzv_conf: str = ""
+    rdzv_id: str = "accel"
+    tee: str | None = None
+    log_dir: str | None = None
+    debug: bool = False
+    config_file: str | None = None
+    python: str = sys.executable
+    sources: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.num_processes // self.num_machines
+
+    def explicit(self, name: str) -> bool:
+        """True when the value came from a flag, the environment or the config file."""
+        return not self.sources.get(name, "default").startswith(("default", "detected"))
+
+
+def _int(value: Any, what: str, minimum: int, maximum: int | None = None) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = None
+    if number is None or isinstance(value, bool) or number < minimum or (
+            maximum is not None and number > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise CLIError(f"{what} must be an integer {bound}, got {value!r}")
+    return number
+
+
+def _float(value: Any, what: str) -> float:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = -1.0
+    if number <= 0 or isinstance(value, bool):
+        raise CLIError(f"{what} must be a number of seconds > 0, got {value!r}")
+    return number
+
+
+def _bool(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise CLIError(f"{what} must be true/false (or 1/0), got {value!r}")
+
+
+def _device(value: Any, what: str) -> str:
+    key = str(value).strip().lower().split(":")[0]
+    key = "cuda" if key == "gpu" else key
+    if key not in _DEVICES:
+        raise CLIError(f"{what}={value!r} is not a device kind; expected one of "
+                       f"{', '.join(_DEVICES)}")
+    return key
+
+
+def _precision(value: Any, what: str) -> str:
+    try:
+        return parse_mixed_precision("no" if value is False else str(value)).value
+    except ValueError:
+        raise CLIError(f"{what}={value!r} is not a mixed precision mode; expected no, fp16 or "
+                       "bf16") from None
+
+
+def _gpu_ids(value: Any, what: str) -> str:
+    items = [item.strip() for item in str(value).split(",") if item.strip()]
+    if not items or not all(item.isdigit() for item in items):
+        raise CLIError(f"{what} must be comma-separated GPU indices such as 0,1 (or 'all'), got "
+                       f"{value!r}")
+    return ",".join(items)
+
+
+class _Sources:
+    """Looks a setting up in flags, then environment, then config file; records the source."""
+
+    def __init__(self, flags: Mapping[str, Any], environ: Mapping[str, str],
+                 config: ConfigFile | None) -> None:
+        self.flags, self.environ, self.config = flags, environ, config
+        self.sources: dict[str, str] = {}
+
+    def get(self, name: str, parse: Callable[[Any, str], Any], default: Any,
+            default_source: str = "default") -> Any:
+        flag = f"--{name}" if name != "device" else "--cpu"
+        if self.flags.get(name) is not None:
+            return self._take(name, parse, self.flags[name], f"flag {flag}", flag)
+        for var in ENV_SOURCES.get(name, ()):
+            if self.environ.get(var, "") != "":
+                return self._take(name, parse, self.environ[var], f"env {var}", var)
+        if self.config is not None and name in self.config.values:
+            where = f"config {self.config.path}"
+            return self._take(name, parse, self.config.values[name], where,
+                              f"{name} in {self.config.path}")
+        self.sources[name] = default_source
+        return default
+
+    def _take(self, name: str, parse: Callable[[Any, str], Any], raw: Any, source: str,
+              what: str) -> Any:
+        self.sources[name] = source
+        return parse(raw, what)
+
+
+def _machines(src: _Sources, flags: Mapping[str, Any],
+              is_local: Callable[[str], bool]) -> tuple[int, int, str | None]:
+    """(num_machines, machine_rank, main_process_ip), with Paddle-style ``--ips`` sugar."""
+    ips = [ip.strip() for ip in str(flags.get("ips") or "").split(",") if ip.strip()]
+    if not ips:
+        machines = src.get("num_machines", lambda v, w: _int(v, w, 1), 1)
+        rank = src.get("machine_rank", lambda v, w: _int(v, w, 0), 0)
+        ip = src.get("main_process_ip", lambda v, w: str(v).strip(), None)
+        return machines, rank, ip
+    local = [index for index, ip in enumerate(ips) if is_local(ip)]
+    if not local:
+        raise CLIError(f"--ips {','.join(ips)}: none of these addresses belongs to this machine; "
+                       "list this machine's address (as the other machines reach it)")
+    for name, value in (("num_machines", len(ips)), ("machine_rank", local[0]),
+                        ("main_process_ip", ips[0])):
+        given = flags.get(name)
+        if given is not None and str(given) != str(value):
+            raise CLIError(f"--{name} {given} contradicts --ips {','.join(ips)} (which implies "
+                           f"{value}); pass only --ips")
+        src.sources[name] = "flag --ips"
+    return len(ips), local[0], ips[0]
+
+
+def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
+               gpu_count: Callable[[], int]) -> int:
+    pool = len(gpu_ids.split(",")) if gpu_ids else (gpu_count() if device == "cuda" else 0)
+    if device == "cuda":
+        default, why = pool * machines, f"detected ({pool} GPU(s) per machine)"
+    else:
+        default, why = machines, "default (1 per machine; pass -n N for more)"
+    total = src.get("num_processes", lambda v, w: _int(v, w, 1), default, why)
+    if total % machines:
+        raise CLIError(f"--num_processes {total} is the total over {machines} machines and must "
+                       f"be a multiple of {machines}")
+    per_node = total // machines
+    if device == "cuda" and per_node > pool:
+        origin = "--gpu_ids" if gpu_ids else "CUDA_VISIBLE_DEVICES / the driver"
+        raise CLIError(
+            f"--num_processes asks for {per_node} process(es) per machine but only {pool} GPU(s) "
+            f"are visible ({origin}); pass -n {pool * machines} or fewer, or --cpu for CPU "
+            "processes"
+        )
+    return total
+
+
+def _visible_for_workers(gpu_ids: str | None, environ: Mapping[str, str],
+                         gpus: Callable[[], int]) -> str | None:
+    """``--gpu_ids`` index the GPUs this launcher sees; map them through its CUDA_VISIBLE_DEVICES."""
+    if not gpu_ids:
+        return None
+    ids = [int(item) for item in gpu_ids.split(",")]
+    count = gpus()
+    if max(ids) >= count:
+        raise CLIError(f"--gpu_ids {gpu_ids} names GPU {max(ids)} but only {count} GPU(s) are "
+                       f"visible (indices 0..{count - 1})")
+    visible = cuda_visible_devices(environ)
+    return ",".join(visible[i] if visible and i < len(visible) else str(i) for i in ids)
+
+
+def _rendezvous(src: _Sources, machines: int, backend: str, ip: str | None, port: int | None,
+                free_port: Callable[[], int], warnings: list[str]) -> tuple[str, int]:
+    if machines > 1:
+        missing = [name for name, value in (("--main_process_ip", ip),
+                                            ("--main_process_port", port)) if not value]
+        if missing:
+            raise CLIError(f"a job on {machines} machines needs {' and '.join(missing)} (the "
+                           "address and port of machine rank 0, the same on every machine)")
+        warnings.append(f"the rendezvous port {ip}:{port} is unauthenticated: anyone who can "
+                        "reach it can join or disrupt this job; keep it on a private network")
+        return str(ip), int(port)  # type: ignore[arg-type]
+    if port is None:
+        port = free_port() if backend == "static" else 0
+        src.sources["main_process_port"] = "default (a free port)"
+    return ip or LOOPBACK, port
+
+
+def resolve_settings(
+    flags: Mapping[str, Any], environ: Mapping[str, str], config: ConfigFile | None, *,
+    gpu_count: Callable[[], int], cpu_count: int, run_id: str,
+    is_local_address: Callable[[str], bool] = lambda ip: False,
+    free_port: Callable[[], int] = lambda: 0,
+) -> LaunchSettings:
+    """Combine flags, environment and config file into ``LaunchSettings``.
+
+    Args:
+        flags: parsed command-line values; ``None`` means "not given". ``device`` is "cpu" when
+            ``--cpu`` was passed. Also ``script``, ``module``, ``script_args``, ``ips``.
+        environ: the launcher's environment (read for ``ENV_SOURCES`` only).
+        config: the parsed config file, if one is used.
+        gpu_count: visible GPUs; called only when the device may be CUDA.
+        cpu_count: usable CPU cores (threads per process default to cores / processes).
+        run_id: rendezvous id for a single-node c10d rendezvous (a fresh uuid per launch).
+        is_local_address: whether an IP belongs to this machine (for ``--ips``).
+        free_port: picks a free port (only for a single-node *static* rendezvous).
+
+    Raises:
+        CLIError: a value is invalid or settings contradict each other.
+    """
+    src = _Sources(flags, environ, config)
+    warnings: list[str] = []
+    counted: list[int] = []
+
+    def gpus() -> int:  # NVML/torch probe at most once, and only if the device may be CUDA
+        if not counted:
+            counted.append(gpu_count())
+        return counted[0]
+
+    machines, machine_rank, ip = _machines(src, flags, is_local_address)
+    if machine_rank >= machines:
+        raise CLIError(f"--machine_rank {machine_rank} must be < --num_machines {machines}")
+    port = src.get("main_process_port", lambda v, w: _int(v, w, 0, 65535), None)
+    device = src.get("device", _device, None)
+    if device is None:
+        count = gpus()
+        device = "cuda" if count > 0 else "cpu"
+        src.sources["device"] = f"detected ({count} GPU(s))" if count else "detected (no GPU)"
+    elif device == "cuda" and gpus() == 0:
+        raise CLIError(f"device cuda was requested ({src.sources['device']}) but no GPU is "
+                       "visible; check the driver and CUDA_VISIBLE_DEVICES, or use --cpu")
+    gpu_ids = src.get("gpu_ids", _gpu_ids, None)
+    if gpu_ids and device != "cuda":
+        warnings.append(f"gpu_ids {gpu_ids} ({src.sources['gpu_ids']}) is ignored: the device "
+                        f"is {device}")
+        gpu_ids, src.sources["gpu_ids"] = None, "default"
+    visible = _visible_for_workers(gpu_ids, environ, gpus)
+    total = _processes(src, device, gpu_ids, machines, gpus)
+    threads = src.get("num_cpu_threads_per_process", lambda v, w: _int(v, w, 1),
+                      max(1, cpu_count // (total // machines)),
+                      f"default ({cpu_count} cores / {total // machines} processes)")
+    backend = src.get("rdzv_backend", lambda v, w: str(v).strip(),
+                      "static" if machines > 1 else "c10d")
+    ip, port = _rendezvous(src, machines, backend, ip, port, free_port, warnings)
+    return LaunchSettings(
+        script=str(flags["script"]), module=bool(flags.get("module")),
+        script_args=tuple(flags.get("script_args") or ()), num_processes=total,
+        num_machines=machines, machine_rank=machine_rank, main_process_ip=ip,
+        main_process_port=port, device=device, gpu_ids=gpu_ids, cuda_visible_devices=visible,
+        mixed_precision=src.get("mixed_precision", _precision, "no"),
+        gradient_accumulation_steps=src.get("gradient_accumulation_steps",
+                                            lambda v, w: _int(v, w, 1), 1),
+        num_cpu_threads_per_process=threads,
+        max_restarts=src.get("max_restarts", lambda v, w: _int(v, w, 0), 0),
+        monitor_interval=src.get("monitor_interval", _float, 0.1),
+        rdzv_backend=backend, rdzv_conf=src.get("rdzv_conf", lambda v, w: str(v), ""),
+        rdzv_id=run_id if machines == 1 else "accel",
+        tee=src.get("tee", lambda v, w: str(v), None),
+        log_dir=src.get("log_dir", lambda v, w: str(v), None),
+        debug=src.get("debug", _bool, False),
+        config_file=config.path if config is not None else None,
+        python=str(flags.get("python") or sys.executable),
+        sources=dict(src.sources), warnings=tuple(warnings),
+    )
+
+
+_TABLE = ("num_processes", "num_machines", "machine_rank", "main_process_ip",
+          "main_process_port", "device", "gpu_ids", "mixed_precision",
+          "gradient_accumulation_steps", "num_cpu_threads_per_process", "max_restarts",
+          "rdzv_backend", "debug")
+
+
+def settings_table(settings: LaunchSettings, config_note: str | None = None) -> str:
+    """A short table: setting, value, where it came from.
+
+    Example:
+        >>> s = LaunchSettings(script="t.py", sources={"num_processes": "flag --num_processes"})
+        >>> "flag --num_processes" in settings_table(s)
+        True
+    """
+    rows: list[tuple[str, str, str]] = []
+    for name in _TABLE:
+        if settings.num_machines == 1 and name in ("num_machines", "machine_rank"):
+            continue
+        value: Any = getattr(settings, name)
+        if name == "main_process_port" and value == 0:
+            value = "free port"
+        if name == "gpu_ids" and value is None:
+            value = "all" if settings.device == "cuda" else "-"
+        rows.append((name, str(value), settings.sources.get(name, "default")))
+    config = config_note or "none"
+    rows.append(("config file", settings.config_file or "-", config))
+    width = max(len(row[0]) for row in rows)
+    vwidth = max(len(row[1]) for row in rows)
+    lines = ["accel launch settings (value, source):"]
+    lines += [f"  {n:<{width}}  {v:<{vwidth}}  {s}" for n, v, s in rows]
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""Turn ``LaunchSettings`` into a torchrun command line and run it with torchrun's elastic agent.
+
+Single node: ``--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0``. Port 0 makes the agent's c10d
+TCP store bind a free port chosen by the kernel at bind time, and the workers connect to that
+store (``TORCHELASTIC_USE_AGENT_STORE``): no port is picked ahead of time, so two jobs on one
+machine can never race for the same port or join each other's rendezvous (each gets a fresh
+``--rdzv-id`` too). An explicit ``--main_process_port`` is honoured instead of 0.
+
+Multiple machines: the ``static`` rendezvous by default (``--node-rank`` = ``--machine_rank``,
+``--master-addr/--master-port`` = main process IP/port, as Accelerate does), or ``c10d`` at that
+endpoint with ``--rdzv_backend c10d``.
+
+Example:
+    >>> from accel.launch.settings import LaunchSettings
+    >>> s = LaunchSettings(script="train.py", num_processes=2, device="cpu", rdzv_id="r1",
+    ...                    python="python")
+    >>> build_torchrun_argv(s)[:8]
+    ['--nnodes', '1', '--nproc-per-node', '2', '--rdzv-backend', 'c10d', '--rdzv-endpoint', '127.0.0.1:0']
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .procs import become_subreaper, reap_children
+from .report import Failure, failure_from_error_data, format_failure_report, root_failure
+from .settings import LaunchSettings
+
+__all__ = ["BOOTSTRAP_MODULE", "build_torchrun_argv", "run_torchrun", "worker_env"]
+
+BOOTSTRAP_MODULE = "accel.launch.bootstrap"
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def build_torchrun_argv(settings: LaunchSettings) -> list[str]:
+    """The exact ``torchrun`` arguments for these settings (a pure function).
+
+    The entrypoint is always ``<python> -u -m accel.launch.bootstrap`` (with ``--no-python``),
+    followed by the user's script (or ``-m module``) and its arguments.
+    """
+    s = settings
+    argv = ["--nnodes", str(s.num_machines), "--nproc-per-node", str(s.nproc_per_node)]
+    if s.rdzv_backend == "static":
+        argv += ["--rdzv-backend", "static", "--node-rank", str(s.machine_rank),
+                 "--master-addr", s.main_process_ip, "--master-port", str(s.main_process_port)]
+    else:
+        argv += ["--rdzv-backend", s.rdzv_backend,
+                 "--rdzv-endpoint", _endpoint(s.main_process_ip, s.main_process_port),
+                 "--rdzv-id", s.rdzv_id]
+    if s.rdzv_conf:
+        argv += ["--rdzv-conf", s.rdzv_conf]
+    argv += ["--max-restarts", str(s.max_restarts),
+             "--monitor-interval", format(s.monitor_interval, "g")]
+    if s.tee is not None:
+        argv += ["--tee", s.tee]
+    if s.log_dir is not None:
+        argv += ["--log-dir", s.log_dir]
+    argv += ["--no-python", s.python, "-u", "-m", BOOTSTRAP_MODULE]
+    argv += ["-m", s.script] if s.module else [s.script]
+    return argv + list(s.script_args)
+
+
+def worker_env(settings: LaunchSettings) -> dict[str, str]:
+    """``ACCEL_*`` (and thread/GPU) variables the workers inherit.
+
+    ``ACCEL_DEVICE`` is always exported (the launcher chose the process count for it). Mixed
+    precision and accumulation steps are exported only when they came from a flag, the
+    environment or a config file, so that a worker's ``Accelerator(...)`` arguments never
+    disagree with a mere launcher default.
+    """
+    s = settings
+    env = {"ACCEL_LAUNCHED": "1",
+           "OMP_NUM_THREADS": str(s.num_cpu_threads_per_process),
+           "ACCEL_NUM_THREADS": str(s.num_cpu_threads_per_process)}
+    env["ACCEL_DEVICE"] = s.device
+    if s.explicit("mixed_precision"):
+        env["ACCEL_MIXED_PRECISION"] = s.mixed_precision
+    if s.explicit("gradient_accumulation_steps"):
+        env["ACCEL_GRADIENT_ACCUMULATION_STEPS"] = str(s.gradient_accumulation_steps)
+    if s.debug:
+        env["ACCEL_DEBUG"] = "1"
+    if s.config_file:
+        env["ACCEL_CONFIG_FILE"] = os.path.abspath(s.config_file)
+    if s.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
+    return env
+
+
+def _failures(exc: Any) -> list[Failure]:
+    now = time.time_ns()
+    out = []
+    for rank, failure in exc.failures.items():
+        data = failure.error_file_data if isinstance(failure.error_file_data, Mapping) else None
+        out.append(failure_from_error_data(int(rank), int(failure.local_rank), int(failure.pid),
+                                           int(failure.exitcode), data, now))
+    return out
+
+
+def _quiet_torch_logs(debug: bool) -> None:
+    # torchelastic logs every failed worker at ERROR level; our report replaces those lines.
+    level = logging.INFO if debug else logging.CRITICAL
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(level)
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(
+        logging.INFO if debug else logging.WARNING)
+
+
+def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -> int:
+    """Run torchrun's agent in this process; print one ROOT CAUSE block on failure.
+
+    Returns the exit code for ``accel launch``: 0, the root-cause rank's exit code (1 for a
+    signal), or 128 + signal number when the launcher itself was interrupted.
+    """
+    import torch.distributed.run as torchrun  # heavy: imported only when launching
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    os.environ.update(env)
+    os.environ["ACCEL_AGENT_PID"] = str(os.getpid())
+    _quiet_torch_logs(debug)
+    become_subreaper()
+    try:
+        torchrun.run(torchrun.parse_args(argv))
+        return 0
+    except ChildFailedError as exc:
+        failures = _failures(exc)
+        print(format_failure_report(failures), file=sys.stderr, flush=True)
+        code = root_failure(failures).exitcode
+        return code if 0 < code < 256 else 1
+    except SignalException as exc:
+        print(f"accel launch: stopped by {exc.sigval.name}; all workers were terminated",
+              file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
+    except (RendezvousError, DistError) as exc:
+        if debug:
+            raise
+        print(f"accel launch: rendezvous failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+        return 1
+    finally:
+        reap_children()
