@@ -90,18 +90,23 @@ class Communicator:
                 dist.barrier()
 
     # -- gather -----------------------------------------------------------------------------
-    def gather(self, data: Any) -> Any:
+    def gather(self, data: Any, group: Any = None) -> Any:
         """Concatenate every rank's tensors along dim 0 (0-d tensors become shape (world,)).
 
-        First dimensions may differ across ranks; dtypes (bool included) are kept.
+        First dimensions may differ across ranks; dtypes (bool included) are kept. ``group``
+        (a ``torch.distributed`` process group this rank belongs to; ``None`` = every rank)
+        gathers among its members only, in their rank order. Collective hooks assume that the
+        whole job takes part, so they do not run around a subgroup gather.
         """
         leaves, rebuild = _tree.flatten(data)
-        if not self.ctx.is_distributed:
+        if not self.ctx.is_distributed or (group is not None and dist.get_world_size(group) == 1):
             return rebuild([t.reshape(1) if t.dim() == 0 else t for t in leaves])
+        if group is not None:
+            return rebuild(self._gather_leaves(leaves, group))
         with self._collective("gather", leaves):
             return rebuild(self._gather_leaves(leaves))
 
-    def _gather_leaves(self, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _gather_leaves(self, leaves: list[torch.Tensor], group: Any = None) -> list[torch.Tensor]:
         shapes = [tuple(t.shape) if t.dim() else (1,) for t in leaves]
         sizes = [math.prod(s) * t.element_size() for s, t in zip(shapes, leaves)]
         offsets, needed = [], 0
@@ -110,7 +115,10 @@ class Communicator:
             needed += _align(size)
         header = [needed] + [d for s in shapes for d in s]
         hbytes = len(header) * 8
-        key = (tuple((t.dtype, s[1:]) for t, s in zip(leaves, shapes)), len(header))
+        # Capacities are agreed per group: a subgroup gather must not change what the other
+        # ranks assume for the next whole-job gather.
+        scope = None if group is None else tuple(dist.get_process_group_ranks(group))
+        key = (scope, tuple((t.dtype, s[1:]) for t, s in zip(leaves, shapes)), len(header))
         capacity = self._capacity.get(key, _MIN_CAPACITY)
 
         device = self._comm_device
@@ -118,13 +126,13 @@ class Communicator:
         send[:hbytes].copy_(torch.tensor(header, dtype=torch.int64).view(torch.uint8))
         if needed <= capacity:
             self._pack(send[hbytes:], leaves, offsets)
-        rows = self._all_gather(send)
+        rows = self._all_gather(send, group)
         headers = rows[:, :hbytes].contiguous().view(torch.int64).cpu()
         largest = int(headers[:, 0].max())
         if largest > capacity:  # someone overflowed: every rank sees it and joins round two
             payload = torch.zeros(_align(largest), dtype=torch.uint8, device=device)
             self._pack(payload, leaves, offsets)
-            payload_rows = self._all_gather(payload)
+            payload_rows = self._all_gather(payload, group)
         else:
             payload_rows = rows[:, hbytes:]
         self._remember(key, capacity, largest)
@@ -136,13 +144,13 @@ class Communicator:
             raw = _as_bytes(tensor)
             buffer[offset: offset + raw.numel()].copy_(raw, non_blocking=True)
 
-    def _all_gather(self, send: torch.Tensor) -> torch.Tensor:
-        world = self.ctx.world_size
+    def _all_gather(self, send: torch.Tensor, group: Any = None) -> torch.Tensor:
+        world = self.ctx.world_size if group is None else dist.get_world_size(group)
         out = torch.empty(world, send.numel(), dtype=send.dtype, device=send.device)
         if self.ctx.backend == "nccl":
-            dist.all_gather_into_tensor(out, send)
+            dist.all_gather_into_tensor(out, send, group=group)
         else:
-            dist.all_gather(list(out.unbind(0)), send)
+            dist.all_gather(list(out.unbind(0)), send, group=group)
         return out
 
     def _remember(self, key: tuple[Any, ...], capacity: int, largest: int) -> None:

@@ -1,0 +1,38 @@
+"""Data loading: rank sharding, device placement, position tracking and exact resume.
+
+Map-style loaders are sharded at the batch level: the batch sampler's batches ``B0, B1, ...``
+are dealt round-robin, rank ``r`` taking ``B[i * world + r]`` (with ``split_batches`` each batch
+is cut into ``world`` contiguous pieces instead), so the ranks' batches of one round, in rank
+order, are the single-process order. Iterable datasets are read whole by every rank, which keeps
+chunk ``i * world + rank``. Loaders that are already sharded (a ``DistributedSampler`` built for
+this job, a Hugging Face dataset split by node) are left alone.
+
+Example:
+    >>> import torch
+    >>> from torch.utils.data import DataLoader
+    >>> from accel.config import DataLoaderConfiguration
+    >>> from accel.distributed import Communicator, ProcessContext
+    >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    >>> loader = prepare_data_loader(DataLoader(range(3), batch_size=2), ctx=ctx,
+    ...     comm=Communicator(ctx), device=torch.device("cpu"),
+    ...     config=DataLoaderConfiguration(), tracker=DataTracker(), seed=0)
+    >>> [batch.tolist() for batch in loader]
+    [[0, 1], [2]]
+"""
+
+from __future__ import annotations
+
+from .loader import DataTracker, PreparedDataLoader, prepare_data_loader, skip_first_batches
+from .samplers import SeedableSampler
+from .transfer import send_to_device
+from .trim import trim_batch
+
+__all__ = [
+    "DataTracker",
+    "PreparedDataLoader",
+    "SeedableSampler",
+    "prepare_data_loader",
+    "send_to_device",
+    "skip_first_batches",
+    "trim_batch",
+]

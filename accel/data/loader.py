@@ -1,0 +1,377 @@
+"""Prepared data loaders: sharded by rank, placed on the device, tracked, resumable.
+
+Example:
+    >>> import torch
+    >>> from torch.utils.data import DataLoader
+    >>> from accel.config import DataLoaderConfiguration
+    >>> from accel.distributed import Communicator, ProcessContext
+    >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    >>> tracker = DataTracker()
+    >>> loader = prepare_data_loader(DataLoader(range(5), batch_size=2), ctx=ctx,
+    ...     comm=Communicator(ctx), device=None, config=DataLoaderConfiguration(),
+    ...     tracker=tracker, seed=0)
+    >>> [(b.tolist(), loader.end_of_dataloader) for b in loader]
+    [([0, 1], False), ([2, 3], False), ([4], True)]
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+
+from ..config import DataLoaderConfiguration
+from ..distributed.context import ProcessContext
+from ..distributed.ops import Communicator
+from .plan import Step
+from .samplers import SkipBatchSampler
+from .sources import (IterableSource, MapSource, PassthroughSource, _Source,
+                      find_distributed_sampler, rebuild_loader)
+from .transfer import send_to_device
+from .trim import trim_batch
+
+__all__ = ["DataTracker", "PreparedDataLoader", "prepare_data_loader", "skip_first_batches"]
+
+_STATE_VERSION = 1
+
+
+class DataTracker:
+    """Which prepared loader is being iterated (innermost first) for one ``Accelerator``.
+
+    Also caches the subgroups used for the last gather of an uneven epoch (every rank creates
+    the same ones in the same order, so the caches stay identical across ranks).
+    """
+
+    def __init__(self) -> None:
+        self._stack: list[tuple[object, PreparedDataLoader]] = []
+        self._groups: dict[tuple[int, ...], Any] = {}
+
+    @property
+    def active(self) -> PreparedDataLoader | None:
+        """The innermost loader currently being iterated, or ``None``."""
+        return self._stack[-1][1] if self._stack else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self._stack)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the batch just yielded by the active loader is its last."""
+        active = self.active
+        return active is not None and active.end_of_dataloader
+
+    def push(self, loader: PreparedDataLoader) -> object:
+        token = object()
+        self._stack.append((token, loader))
+        return token
+
+    def pop(self, token: object) -> None:
+        self._stack = [entry for entry in self._stack if entry[0] is not token]
+
+    def subgroup(self, ranks: tuple[int, ...]) -> Any:
+        """The process group of ``ranks``; created on first use, by every rank at once."""
+        if ranks not in self._groups:
+            self._groups[ranks] = dist.new_group(list(ranks))
+        return self._groups[ranks]
+
+    def group(self, ranks: tuple[int, ...]) -> Any:
+        """The already created process group of ``ranks`` (never creates one: only some ranks
+        ask for it, and creating a group needs every rank)."""
+        if ranks not in self._groups:
+            raise RuntimeError(f"internal error: no process group was announced for ranks "
+                               f"{list(ranks)} before their last batch")
+        return self._groups[ranks]
+
+
+class PreparedDataLoader:
+    """A data loader sharded by rank whose batches arrive on the device.
+
+    ``len()`` is the number of batches this rank yields per epoch. Each new ``for`` loop is a
+    new epoch (its shuffle order depends only on the seed and the epoch) unless ``set_epoch``
+    or ``load_state_dict`` said otherwise. See ``accel.data`` for the sharding rules.
+    """
+
+    def __init__(self, base: DataLoader[Any], source: _Source, *, ctx: ProcessContext,
+                 device: torch.device | None, config: DataLoaderConfiguration,
+                 tracker: DataTracker, seed: int) -> None:
+        self.base_dataloader = base
+        self.dataset = base.dataset
+        self.device = device
+        self.batch_size = source.batch_size
+        self.total_batch_size = source.total_batch_size
+        self.total_dataset_length = _length(base.dataset)
+        self.epoch = 0
+        self.end_of_dataloader = False
+        self.current_batch_len = 0
+        self.current_real_len = 0
+        self.metrics_group: Any = None
+        self._source = source
+        self._ctx = ctx
+        self._config = config
+        self._tracker = tracker
+        self._seed = int(seed)
+        self._started = False
+        self._passes = 0
+        self._yielded = 0
+        self._next: tuple[int, int] | None = None
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterate(None)
+
+    def _iterate(self, requested_skip: int | None) -> Iterator[Any]:
+        epoch, skip = self._begin_pass(requested_skip)
+        token = self._tracker.push(self)
+        try:
+            for batch, step in self._source.steps(epoch, skip):
+                for ranks in step.announce:
+                    self._tracker.subgroup(ranks)
+                if step.payload is None:
+                    continue
+                self._take(step)
+                yield send_to_device(batch, self.device, non_blocking=self._config.non_blocking)
+        finally:
+            self._tracker.pop(token)
+            self._passes -= 1
+            self.end_of_dataloader = False
+            self.metrics_group = None
+
+    def _take(self, step: Step) -> None:
+        self.current_batch_len = step.size
+        self.current_real_len = step.real
+        self.end_of_dataloader = step.last
+        self.metrics_group = self._tracker.group(step.active) if step.active else None
+        self._yielded += 1
+
+    def _begin_pass(self, requested_skip: int | None) -> tuple[int, int]:
+        if self._next is not None:
+            epoch, skip = self._next
+            self._next = None
+        else:
+            epoch, skip = (self.epoch + 1 if self._started else self.epoch), 0
+        if requested_skip is not None:
+            if skip and requested_skip != skip:
+                raise ValueError(
+                    f"skip_first_batches({requested_skip}) on a loader that already resumes "
+                    f"after batch {skip} of epoch {epoch} (from load_state); accel resumes "
+                    "exactly on its own, so iterate the loader itself instead")
+            if skip:
+                warnings.warn("skip_first_batches is not needed after load_state: the loader "
+                              "already resumes with the next unseen batch", stacklevel=4)
+            skip = requested_skip
+        if skip:
+            try:
+                if skip >= self._source.num_rounds():  # the epoch was complete: next one
+                    epoch, skip = epoch + 1, 0
+            except TypeError:  # unknown length: an empty rest of the epoch, then the next
+                pass
+        self._started = True
+        self._passes += 1
+        self.epoch, self._yielded = epoch, skip
+        self._source.set_epoch(epoch)
+        return epoch, skip
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` (its shuffle order) for the next pass."""
+        self._next = (int(epoch), 0)
+        self.epoch = int(epoch)
+
+    @property
+    def remainder(self) -> int:
+        """Padding duplicates in the batch just yielded."""
+        return self.current_batch_len - self.current_real_len
+
+    def trim_for_metrics(self, data: Any) -> Any:
+        """Cut ``data`` computed on the current batch to its real samples (see ``trim_batch``)."""
+        return trim_batch(data, self.current_batch_len, self.current_real_len)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able position: the next pass resumes with the next unseen batch."""
+        if self._passes:
+            upcoming = (self.epoch, self._yielded)
+        elif self._next is not None:
+            upcoming = self._next
+        else:
+            upcoming = (self.epoch + 1 if self._started else self.epoch, 0)
+        return {"version": _STATE_VERSION, "epoch": self.epoch,
+                "batches_yielded": self._yielded, "iterating": self._passes > 0,
+                "next_epoch": upcoming[0], "next_skip": upcoming[1], "seed": self._seed,
+                "world_size": self._ctx.world_size, "batch_size": self.batch_size,
+                "split_batches": bool(self._config.split_batches)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s output (possibly written with another world size)."""
+        missing = {"next_epoch", "next_skip", "seed", "world_size"} - set(state)
+        if missing or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a data loader state (version {_STATE_VERSION}): missing "
+                             f"{sorted(missing)}, version {state.get('version')!r}")
+        skip = _convert_skip(int(state["next_skip"]), int(state["world_size"]),
+                             self._ctx.world_size, bool(state.get("split_batches")))
+        seed = int(state["seed"])
+        chosen = self._config.data_seed
+        if chosen is not None and chosen != seed:
+            warnings.warn(f"data_seed={chosen} differs from the checkpoint's data seed {seed}; "
+                          "the checkpoint's seed is used so that the data order resumes exactly",
+                          stacklevel=2)
+        self._seed = seed
+        self._source.set_seed(seed)
+        self.epoch = int(state.get("epoch", state["next_epoch"]))
+        self._next = (int(state["next_epoch"]), skip)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names not set in __init__: other DataLoader attributes (num_workers,
+        # collate_fn, ...) come from the user's loader.
+        if name.startswith("_") or name == "base_dataloader":
+            raise AttributeError(name)
+        return getattr(self.base_dataloader, name)
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _convert_skip(skip: int, old_world: int, new_world: int, split: bool) -> int:
+    """Batches to skip when a position saved with ``old_world`` ranks resumes with ``new_world``
+    (each round covers the same samples in split mode; otherwise world x batch_size)."""
+    if old_world == new_world or split or skip == 0:
+        return skip
+    if (skip * old_world) % new_world:
+        raise ValueError(
+            f"cannot resume a data position saved with {old_world} processes ({skip} batches "
+            f"each) on {new_world} processes: {skip * old_world} batches is not a whole number "
+            f"of rounds of {new_world}; resume at an epoch boundary or with the same world size")
+    return skip * old_world // new_world
+
+
+def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: Communicator,
+                        device: torch.device | None, config: DataLoaderConfiguration,
+                        tracker: DataTracker, seed: int) -> PreparedDataLoader:
+    """Shard ``loader`` by rank (once), place its batches on ``device`` and track it.
+
+    ``seed`` must be the same on every rank (``config.data_seed`` wins when set).
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> from accel.config import DataLoaderConfiguration
+        >>> from accel.distributed import Communicator, ProcessContext
+        >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+        >>> dl = prepare_data_loader(DataLoader(range(4), batch_size=2), ctx=ctx,
+        ...     comm=Communicator(ctx), device=None, config=DataLoaderConfiguration(),
+        ...     tracker=DataTracker(), seed=0)
+        >>> len(dl), dl.total_batch_size
+        (2, 2)
+    """
+    if isinstance(loader, PreparedDataLoader):
+        if loader._tracker is tracker:
+            return loader
+        raise ValueError("this data loader was prepared by another Accelerator; pass the "
+                         "original DataLoader to prepare()")
+    if not isinstance(loader, DataLoader):
+        raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got "
+                        f"{type(loader).__name__}")
+    seed = config.data_seed if config.data_seed is not None else int(seed)
+    source = _select_source(loader, ctx, config, seed)
+    _check_same_everywhere(loader, source, comm)
+    return PreparedDataLoader(loader, source, ctx=ctx, device=device, config=config,
+                              tracker=tracker, seed=seed)
+
+
+def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
+                   config: DataLoaderConfiguration, seed: int) -> _Source:
+    world, rank = ctx.world_size, ctx.rank
+    sampler = find_distributed_sampler(loader)
+    if sampler is not None:
+        if sampler.num_replicas != world or sampler.rank != rank:
+            raise ValueError(
+                f"the DataLoader's DistributedSampler has num_replicas={sampler.num_replicas}, "
+                f"rank={sampler.rank} but this process is rank {rank} of {world}; remove the "
+                "DistributedSampler (prepare() shards the data itself) or build it for this job")
+        return PassthroughSource(loader, sampler=sampler)
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        split_by_node = getattr(dataset, "_distributed", None)
+        if split_by_node is not None:  # a Hugging Face dataset already split by node
+            if getattr(split_by_node, "world_size", world) != world:
+                raise ValueError(f"the dataset was split for {split_by_node.world_size} "
+                                 f"processes but this job has {world}")
+            return PassthroughSource(loader, sampler=None)
+        return IterableSource(loader, rank=rank, world=world, even=config.even_batches,
+                              split=config.split_batches)
+    return MapSource(loader, rank=rank, world=world, even=config.even_batches,
+                     split=config.split_batches, seed=seed)
+
+
+def _check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Communicator) -> None:
+    """Ranks must agree on what is sharded, or the shards overlap and miss samples silently."""
+    if comm.ctx.world_size == 1:
+        return
+    mine = (type(source).__name__, _length(loader.dataset), loader.batch_size)
+    everyone = comm.gather_object([mine])
+    if any(tuple(item) != mine for item in everyone):
+        lines = "; ".join(f"rank {r}: {tuple(item)}" for r, item in enumerate(everyone))
+        raise ValueError("ranks prepared different data loaders (kind, dataset length, batch "
+                         f"size): {lines}; every rank must prepare the same loader")
+
+
+class _SkippedLoader:
+    """A plain iterable loader whose passes leave out their first batches."""
+
+    def __init__(self, loader: Any, num_batches: int) -> None:
+        self.loader = loader
+        self.num_batches = num_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.loader, PreparedDataLoader):
+            return self.loader._iterate(self.num_batches)
+        iterator = iter(self.loader)
+        for _ in range(self.num_batches):
+            if next(iterator, _END) is _END:
+                return iter(())
+        return iterator
+
+    def __len__(self) -> int:
+        return max(0, len(self.loader) - self.num_batches)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("loader", "num_batches"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+_END: Any = object()
+
+
+def skip_first_batches(loader: Any, num_batches: int) -> Any:
+    """A loader whose next pass leaves out the first ``num_batches`` batches.
+
+    Works on prepared loaders (the pass keeps sharding and tracking; not needed after
+    ``load_state``, which resumes exactly by itself) and on plain ``DataLoader``s (map-style ones
+    skip at the sampler, so the skipped samples are never loaded).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> [b.tolist() for b in skip_first_batches(DataLoader(range(5), batch_size=2), 1)]
+        [[2, 3], [4]]
+    """
+    if num_batches < 0:
+        raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+    if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+        if loader.batch_sampler is not None:
+            return rebuild_loader(loader, batch_sampler=SkipBatchSampler(loader.batch_sampler,
+                                                                         num_batches))
+        return rebuild_loader(loader, batch_size=None,
+                              sampler=SkipBatchSampler(loader.sampler, num_batches))
+    return _SkippedLoader(loader, num_batches)

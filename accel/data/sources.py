@@ -1,0 +1,279 @@
+"""Where a prepared loader's batches come from: one class per kind of input loader.
+
+``MapSource`` shards a map-style loader through its batch sampler (only this rank's samples
+are loaded), ``IterableSource`` shards an iterable stream at the batch level in the main
+process, and ``PassthroughSource`` leaves an already rank-sharded loader alone. Each yields
+``(batch, Step)`` pairs for one pass.
+
+Example:
+    >>> from torch.utils.data import DataLoader
+    >>> source = MapSource(DataLoader(range(5), batch_size=2), rank=0, world=1, even=True,
+    ...                    split=False, seed=0)
+    >>> [batch.tolist() for batch, step in source.steps(epoch=0, skip=0)]
+    [[0, 1], [2, 3], [4]]
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from .iterable import ChunkRounds, CountingCollate, count_samples
+from .plan import Step, rank_steps
+from .samplers import EpochRun, SeedableSampler, ShardBatchSampler
+
+__all__ = ["MapSource", "IterableSource", "PassthroughSource", "find_distributed_sampler",
+           "rebuild_loader"]
+
+Pair = tuple[Any, Step]
+
+
+def rebuild_loader(loader: DataLoader[Any], *, in_order: bool | None = None,
+                   **overrides: Any) -> DataLoader[Any]:
+    """A new ``DataLoader`` over ``loader.dataset`` with the same settings except ``overrides``
+    (sampling arguments) and ``in_order`` (``None`` keeps the user's)."""
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory, "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator, "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    user_in_order = getattr(loader, "in_order", True)
+    if in_order is not None and in_order != user_in_order:
+        warnings.warn("DataLoader(in_order=False) is overridden: accel needs batches in sampler "
+                      "order to know which samples each batch holds", stacklevel=4)
+    kwargs["in_order"] = user_in_order if in_order is None else in_order
+    kwargs.update(overrides)
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def find_distributed_sampler(loader: DataLoader[Any]) -> DistributedSampler[Any] | None:
+    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        if isinstance(sampler, DistributedSampler):
+            return sampler
+    return None
+
+
+def _seedable(sampler: Any, seed: int) -> Any:
+    if hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
+        if sampler.generator is not None:
+            warnings.warn(
+                f"the {type(sampler).__name__}'s generator is not used for the data order: every "
+                "rank must shuffle the same way, so the order comes from (seed, epoch); set "
+                "DataLoaderConfiguration(data_seed=...) to choose the seed", stacklevel=5)
+        return SeedableSampler(sampler, seed)
+    return sampler
+
+
+class _Singles:
+    """A sampler of single indices seen as batches of one (loaders with batch_size=None)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return ([index] for index in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class _Source:
+    batch_size: int | None
+    total_batch_size: int | None
+    loader: DataLoader[Any]
+    epoch_targets: list[Any]
+
+    def set_epoch(self, epoch: int) -> None:
+        for target in self.epoch_targets:
+            target.set_epoch(epoch)
+
+    def set_seed(self, seed: int) -> None:
+        for target in self.epoch_targets:
+            if isinstance(target, SeedableSampler):
+                target.seed = int(seed)
+
+    def num_rounds(self) -> int:
+        return len(self)
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class MapSource(_Source):
+    """Batch-level sharding of a map-style loader through a new batch sampler."""
+
+    def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
+                 split: bool, seed: int) -> None:
+        singles = loader.batch_sampler is None
+        if singles:
+            if split and world > 1:
+                raise ValueError("split_batches=True needs a DataLoader with a batch_size; got "
+                                 "batch_size=None (the dataset yields whole batches)")
+            sampler = _seedable(loader.sampler, seed)
+            batches: Any = _Singles(sampler)
+            nominal: int | None = 1
+        else:
+            batches, sampler = self._batches(loader.batch_sampler, seed)
+            nominal = loader.batch_size or getattr(batches, "batch_size", None)
+        split_size = self._split_size(nominal, world) if split and world > 1 else None
+        self.shard = ShardBatchSampler(
+            batches, rank=rank, world=world, even=even and world > 1, split_size=split_size,
+            unit_size=nominal if isinstance(nominal, int) else None, singles=singles)
+        if singles:
+            self.loader = rebuild_loader(loader, in_order=True, sampler=self.shard,
+                                         batch_size=None)
+        else:
+            self.loader = rebuild_loader(loader, in_order=True, batch_sampler=self.shard)
+        self.batch_size = split_size or nominal
+        self.total_batch_size = (nominal if split_size or nominal is None else nominal * world)
+        self.epoch_targets = [t for t in {id(x): x for x in (sampler, batches, loader.dataset)}
+                              .values() if hasattr(t, "set_epoch")]
+
+    @staticmethod
+    def _batches(batch_sampler: Any, seed: int) -> tuple[Any, Any]:
+        """The batch sampler with its inner sampler made seedable (on a shallow copy)."""
+        inner = getattr(batch_sampler, "sampler", None)
+        seeded = _seedable(inner, seed) if inner is not None else None
+        if seeded is inner:
+            return batch_sampler, inner
+        batches = copy.copy(batch_sampler)
+        batches.sampler = seeded
+        return batches, seeded
+
+    @staticmethod
+    def _split_size(nominal: int | None, world: int) -> int:
+        if not isinstance(nominal, int) or nominal % world:
+            raise ValueError(
+                f"split_batches=True splits each batch across {world} processes, so batch_size "
+                f"must be a multiple of {world}; got batch_size={nominal}. Use a batch size "
+                f"divisible by {world} or split_batches=False")
+        return nominal // world
+
+    def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
+        run = EpochRun(epoch, skip)
+        self.shard.next_run = run
+        for batch in self.loader:
+            if not run.steps or run.steps[0].payload is None:
+                raise RuntimeError("internal error: a batch arrived without its plan step")
+            yield batch, run.steps.popleft()
+        while run.steps:
+            yield None, run.steps.popleft()
+
+    def num_rounds(self) -> int:
+        return self.shard.num_rounds()
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+
+class IterableSource(_Source):
+    """Every rank reads the whole stream and keeps chunk ``i * world + rank``."""
+
+    def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
+                 split: bool) -> None:
+        self.rank, self.world, self.even = rank, world, even and world > 1
+        self.batched = loader.batch_size is not None
+        self.drop_last = loader.drop_last
+        self.dataset = loader.dataset
+        nominal = loader.batch_size
+        self.split = split and world > 1
+        if self.split:
+            if nominal is None:
+                raise ValueError("split_batches=True needs a DataLoader with a batch_size; got "
+                                 "batch_size=None (the dataset yields whole batches)")
+            chunk = MapSource._split_size(nominal, world)
+        else:
+            chunk = nominal
+        self.chunk = chunk
+        self.batch_size = chunk
+        self.total_batch_size = None if nominal is None else (nominal if self.split
+                                                              else nominal * world)
+        collate = CountingCollate(loader.collate_fn, self.batched)
+        self.loader = rebuild_loader(loader, in_order=True, batch_size=chunk, collate_fn=collate,
+                                     drop_last=loader.drop_last and not self.split)
+        self.epoch_targets = [loader.dataset] if hasattr(loader.dataset, "set_epoch") else []
+
+    def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
+        del epoch  # the dataset's own set_epoch has been called
+        chunks = (((batch,), count) for batch, count in self.loader)
+        rounds = ChunkRounds(chunks, world=self.world, rank=self.rank, keep_padding=self.even,
+                             drop_below=self.chunk * self.world
+                             if self.split and self.drop_last else None)
+        pad = rounds.pad if self.even else None
+        for step in rank_steps(rounds, rank=self.rank, world=self.world, pad=pad, skip=skip):
+            yield (None if step.payload is None else step.payload[0]), step
+
+    def _counts(self) -> tuple[int, int]:
+        """(rounds per epoch, batches of this rank) from the dataset's length."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        world, rank = self.world, self.rank
+        if self.split:
+            full, rest = divmod(n, self.chunk * world)
+            if self.drop_last or not rest:
+                return full, full
+            return full + 1, full + (self.even or rank * self.chunk < rest)
+        size = self.chunk or 1
+        chunks = n // size if self.drop_last and self.batched else -(-n // size)
+        rounds = -(-chunks // world)
+        return rounds, rounds if self.even else chunks // world + (rank < chunks % world)
+
+    def num_rounds(self) -> int:
+        return self._counts()[0]
+
+    def __len__(self) -> int:
+        return self._counts()[1]
+
+
+class PassthroughSource(_Source):
+    """A loader that is already sharded by rank: only tracking (and real counts) are added."""
+
+    def __init__(self, loader: DataLoader[Any], *, sampler: DistributedSampler[Any] | None
+                 ) -> None:
+        self.loader = loader
+        self.sampler = sampler
+        self.batch_size = loader.batch_size
+        world = sampler.num_replicas if sampler is not None else 1
+        self.total_batch_size = None if loader.batch_size is None else loader.batch_size * world
+        self.epoch_targets = [t for t in (loader.sampler, loader.batch_sampler, loader.dataset)
+                              if t is not None and hasattr(t, "set_epoch")]
+        exact = sampler is not None and type(loader.batch_sampler) is BatchSampler
+        self._positions = exact and loader.batch_sampler.sampler is sampler  # type: ignore[union-attr]
+
+    def _step(self, index: int, batch: Any, last: bool) -> Step:
+        if not self._positions:
+            size = count_samples(batch)
+            return Step(index, size, size, last)
+        sampler, size = self.sampler, self.loader.batch_size or 1
+        assert sampler is not None
+        start = index * size
+        length = min(size, sampler.num_samples - start)
+        real_total = (sampler.num_samples if sampler.drop_last else
+                      max(0, -(-(len(sampler.dataset) - sampler.rank) // sampler.num_replicas)))
+        return Step(index, length, max(0, min(length, real_total - start)), last)
+
+    def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
+        del epoch
+        it = itertools.islice(iter(self.loader), skip, None)
+        ahead = next(it, _END)
+        index = skip
+        while ahead is not _END:
+            batch, ahead = ahead, next(it, _END)
+            yield batch, self._step(index, batch, ahead is _END)
+            index += 1
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+_END: Any = object()
+
