@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -26,7 +25,12 @@ import torch
 from torch import nn
 
 from . import _tree, env
+from .logging import main_print
+from .memory import release_memory
+from .progress import tqdm as _tqdm
 from .accumulation import AccumulationState
+from .checkpoint import files as _ckpt_files
+from .checkpoint.state import StateObjects, load_accelerator_state, save_accelerator_state
 from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
                      GradientAccumulationPlugin, KwargsHandler, PrecisionType,
                      ProjectConfiguration)
@@ -39,6 +43,8 @@ from .precision import check_trainable_dtypes, make_precision
 from .settings import (UNSUPPORTED_ARGUMENTS, resolve_accumulation, resolve_precision,
                        resolve_timeout, sort_handlers)
 from .strategy import select_strategy, unwrap_module
+from .tracking import TrackerSet, init_trackers as _init_trackers
+from .training import StepController
 from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 __all__ = ["Accelerator"]
@@ -53,6 +59,17 @@ def _is_scheduler(obj: Any) -> bool:
 def _to_fp32(data: Any) -> Any:
     return _tree.apply(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
                        data)
+
+
+def _remove_autocast(module: nn.Module) -> None:
+    patched = module.__dict__.get("forward")
+    original = getattr(patched, "_accel_original", None)
+    if original is None:
+        return
+    if getattr(original, "__func__", None) is type(module).forward:
+        del module.__dict__["forward"]  # back to the class's own forward
+    else:
+        module.forward = original  # type: ignore[method-assign]
 
 
 class Accelerator:
@@ -139,6 +156,11 @@ class Accelerator:
         self._data_seed: int | None = None
         self._sections = 0
         self._trigger = False
+        self._loaded_dir: Any = None
+        self._step = StepController(self._precision, self._strategy, self._accumulation,
+                                    self._comm, self._tracker, self._models, self._optimizers)
+        self._log_with = log_with
+        self._trackers = TrackerSet()
         self._announce()
 
     # -- description ---------------------------------------------------------------------------
@@ -260,17 +282,21 @@ class Accelerator:
             seen.add(id(obj))
         places = device_placement or [self.device_placement] * len(args)
         out: list[Any] = list(args)
+        done = {i for i, obj in enumerate(args) if id(obj) in self._prepared_ids}
         order = (nn.Module, torch.optim.Optimizer, "scheduler", torch.utils.data.DataLoader)
         for kind in order:  # models first so optimizers see moved parameters
             for i, obj in enumerate(args):
-                if id(obj) in self._prepared_ids or out[i] is not obj:
+                if i in done:
                     continue
                 if kind == "scheduler" and _is_scheduler(obj):
                     out[i] = self._prepare_scheduler(obj)
                 elif isinstance(kind, type) and isinstance(obj, kind):
                     out[i] = self._prepare_one(obj, places[i])
-        for i, obj in enumerate(out):
-            if obj is args[i] and id(obj) not in self._prepared_ids:
+                else:
+                    continue
+                done.add(i)
+        for i, obj in enumerate(args):
+            if i not in done:
                 raise TypeError(
                     f"prepare() cannot handle {type(obj).__name__} (argument {i}); it accepts "
                     "nn.Module, torch.optim.Optimizer, LR schedulers and torch DataLoader")
@@ -348,16 +374,9 @@ class Accelerator:
         return self._data_seed
 
     # -- training step -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Accumulate gradients over ``gradient_accumulation_steps`` micro-batches."""
-        acc = self._accumulation
-        acc.begin_micro_step(self._tracker.end_of_dataloader)
-        with contextlib.ExitStack() as stack:
-            if not acc.sync_gradients and not acc.sync_each_batch:
-                for model in models or self._models:
-                    stack.enter_context(self._strategy.no_sync(model))
-            yield
+        return self._step.accumulate(models)
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -368,16 +387,15 @@ class Accelerator:
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
         """Force DDP to synchronise in the next backward even inside ``no_sync``."""
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            old = model.require_backward_grad_sync
-            model.require_backward_grad_sync = True
-            model.require_forward_param_sync = True
-            try:
-                yield
-            finally:
-                model.require_backward_grad_sync = old
-        else:
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
             yield
+            return
+        old = model.require_backward_grad_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync = old
 
     def backward(self, loss: torch.Tensor, num_items: float | int | torch.Tensor | None = None,
                  **kwargs: Any) -> None:
@@ -388,60 +406,20 @@ class Accelerator:
             num_items: number of items (e.g. tokens) summed in ``loss``. Gradients are then
                 normalised by the item count of the whole accumulation group on all ranks.
         """
-        acc = self._accumulation
-        use_items = num_items is not None
-        if acc.uses_num_items is not None and acc.uses_num_items != use_items:
-            raise ValueError("backward() was called with and without num_items in one "
-                             "accumulation group; use one style for every micro-batch")
-        acc.uses_num_items = use_items
-        if use_items:
-            acc.items += float(num_items.item() if isinstance(num_items, torch.Tensor)
-                               else num_items)  # type: ignore[union-attr]
-        else:
-            loader = self._tracker.active
-            weight = acc.loss_weight(loader.current_batch_len if loader is not None else 1)
-            if weight != 1.0:
-                loss = loss * weight
-        self._precision.backward(loss, **kwargs)
-        if acc.sync_gradients:
-            factor = acc.correction()
-            if use_items:
-                total = float(self._comm.reduce(torch.tensor([acc.items], dtype=torch.float64,
-                                                             device=self.device), "sum")[0])
-                if total <= 0:
-                    raise ValueError("num_items summed to 0 over the accumulation group")
-                factor = self.num_processes / total
-            if factor != 1.0:
-                self._scale_gradients(factor)
-        self._strategy.after_backward()
-
-    def _scale_gradients(self, factor: float) -> None:
-        with torch.no_grad():
-            for model in self._models:
-                for param in model.parameters():
-                    if param.grad is not None:
-                        param.grad.mul_(factor)
+        self._step.backward(loss, num_items, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Unscale fp16 gradients (once per real optimizer step)."""
-        targets = self._optimizers if optimizer is None else [optimizer]
-        for opt in targets:
-            self._precision.unscale_(getattr(opt, "optimizer", opt))
+        self._step.unscale_gradients(optimizer)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float,
                         norm_type: float = 2.0) -> torch.Tensor | None:
         """Unscale then clip; a no-op returning None on accumulation micro-steps."""
-        if not self.sync_gradients:
-            return None
-        self.unscale_gradients()
-        return nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self._step.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale then clip values; a no-op on accumulation micro-steps."""
-        if not self.sync_gradients:
-            return
-        self.unscale_gradients()
-        nn.utils.clip_grad_value_(parameters, clip_value)
+        self._step.clip_grad_value_(parameters, clip_value)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None
                  ) -> contextlib.AbstractContextManager[Any]:
@@ -450,15 +428,10 @@ class Accelerator:
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
         """The user's module, without DDP/compile wrappers (and autocast, if asked)."""
-        if not keep_fp32_wrapper:
-            original = getattr(model.__dict__.get("forward"), "_accel_original", None)
-            if original is not None:
-                model.forward = original  # type: ignore[method-assign]
         inner = unwrap_module(model)
-        if not keep_fp32_wrapper and inner is not model:
-            original = getattr(inner.__dict__.get("forward"), "_accel_original", None)
-            if original is not None:
-                inner.forward = original  # type: ignore[method-assign]
+        if not keep_fp32_wrapper:
+            for module in {id(model): model, id(inner): inner}.values():
+                _remove_autocast(module)
         return inner
 
     # -- collectives ---------------------------------------------------------------------------
@@ -567,8 +540,104 @@ class Accelerator:
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""
+        main_print(self.is_main_process, *args, **kwargs)
+
+    def tqdm(self, iterable: Any = None, *args: Any, main_process_only: bool = True,
+             **kwargs: Any) -> Any:
+        """A progress bar shown on the main process only."""
+        return _tqdm(iterable, *args, main_process_only=main_process_only,
+                     is_main=self.is_main_process, **kwargs)
+
+    # -- trackers ------------------------------------------------------------------------------
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, Any] | None = None) -> None:
+        """Start the trackers named by ``log_with`` (only the main process writes)."""
+        if self._log_with is None:
+            raise ValueError("init_trackers() needs Accelerator(log_with=...), e.g. "
+                             "log_with='jsonl' with project_dir='runs'")
+        self._trackers = _init_trackers(self._log_with, project_name, config,
+                                        self.project_configuration.logging_dir,
+                                        self.is_main_process, init_kwargs)
+
+    @property
+    def trackers(self) -> list[Any]:
+        return list(self._trackers.trackers)
+
+    def log(self, values: dict[str, Any], step: int | None = None,
+            log_kwargs: dict[str, Any] | None = None) -> None:
+        """Log ``values`` to every tracker (main process only)."""
+        if self._log_with is not None and not self._trackers.names:
+            raise RuntimeError("log() before init_trackers(); call "
+                               "accelerator.init_trackers(project_name) first")
+        self._trackers.log(values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        return self._trackers.get_tracker(name, unwrap)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``."""
+        for obj in objects:
+            if not (callable(getattr(obj, "state_dict", None))
+                    and callable(getattr(obj, "load_state_dict", None))):
+                raise TypeError(f"{type(obj).__name__} has no state_dict()/load_state_dict(); "
+                                "only such objects can be registered for checkpointing")
+            self._custom_objects.append(obj)
+
+    def _state_objects(self) -> StateObjects:
+        return StateObjects(self._models, self._optimizers, self._schedulers, self._dataloaders,
+                            self._custom_objects, self._precision, self._device_kind,
+                            {"accumulation_step": self._accumulation.step,
+                             "optimizer_steps": self._optimizer_steps()})
+
+    def _optimizer_steps(self) -> int:
+        return max((opt.steps_taken for opt in self._optimizers), default=0)
+
+    def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
+                   **unsupported: Any) -> str:
+        """Save everything prepared or registered, atomically and without pickle.
+
+        Without ``output_dir`` it writes ``<project_dir>/checkpoints/checkpoint_<n>`` and keeps
+        at most ``total_limit`` (or ``ProjectConfiguration.total_limit``) of them.
+        """
+        if unsupported:
+            raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
+                            "accel always writes safetensors + JSON")
+        limit = total_limit if total_limit is not None else self.project_configuration.total_limit
+        path = save_accelerator_state(
+            self._comm, self._state_objects(), output_dir, self.project_configuration.project_dir,
+            limit, [self._loaded_dir] if self._loaded_dir else [], self._optimizer_steps(),
+            self.unwrap_model)
+        return str(path)
+
+    def load_state(self, input_dir: str | None = None, strict: bool = True) -> str:
+        """Restore a checkpoint; without ``input_dir`` the newest complete one."""
+        path, manifest = load_accelerator_state(
+            self._comm, self._state_objects(), input_dir,
+            self.project_configuration.project_dir, strict, self.unwrap_model)
+        self._accumulation.step = int(manifest.meta.get("accumulation_step", 0))
+        for opt in self._optimizers:
+            opt.steps_taken = int(manifest.meta.get("optimizer_steps", 0))
+        self._loaded_dir = path
+        return str(path)
+
+    def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
+        """Save a state dict or module as safetensors (main process only, atomic)."""
         if self.is_main_process:
-            print(*args, **kwargs)
+            _ckpt_files.save(self.unwrap_model(obj) if isinstance(obj, nn.Module) else obj, f)
+
+    def save_model(self, model: nn.Module, save_directory: str,
+                   max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+        """Sharded safetensors with a Hugging Face style index (main process only)."""
+        if self.is_main_process:
+            _ckpt_files.save_model(self.get_state_dict(model), save_directory, max_shard_size)
+
+    def load_model(self, model: nn.Module, load_directory: str, strict: bool = True) -> Any:
+        """Load weights written by ``save_model`` (or ``save``) into ``model``."""
+        return _ckpt_files.load_model(self.unwrap_model(model), load_directory, strict=strict)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        return dict((self.unwrap_model(model) if unwrap else model).state_dict())
 
     # -- memory --------------------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
@@ -578,15 +647,13 @@ class Accelerator:
         self._schedulers.clear()
         self._dataloaders.clear()
         self._prepared_ids.clear()
-        gc.collect()
-        if self.device.type == "cuda" and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-        return [None] * len(objects)
+        return release_memory(*objects)
 
     clear = free_memory
 
     def end_training(self) -> None:
         """Finish trackers and end the process group accel started."""
+        self._trackers.end_training()
         self.wait_for_everyone()
         self._group.close()
 

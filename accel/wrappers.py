@@ -41,6 +41,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._strategy = strategy
         self._accumulation = accumulation
         self.step_was_skipped = False
+        self.steps_taken = 0
 
     # Optimizer API --------------------------------------------------------------------------
     @property
@@ -89,6 +90,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._strategy.before_optimizer_step(self.optimizer)
         self.step_was_skipped = not self._precision.optimizer_step(self.optimizer)
         self._strategy.after_optimizer_step()
+        self.steps_taken += 1
         return None
 
     def __getattr__(self, name: str) -> Any:
