@@ -28,6 +28,18 @@ _EXPORTS: dict[str, str] = {
     "InitProcessGroupKwargs": "accel.config",
     "PrecisionType": "accel.config",
     "ProjectConfiguration": "accel.config",
+    "GeneralTracker": "accel.tracking",
+    "debug_launcher": "accel.launch.notebook",
+    "find_executable_batch_size": "accel.memory",
+    "free_memory": "accel.memory",
+    "get_logger": "accel.logging",
+    "load": "accel.checkpoint",
+    "notebook_launcher": "accel.launch.notebook",
+    "release_memory": "accel.memory",
+    "save": "accel.checkpoint",
+    "set_seed": "accel.utils",
+    "skip_first_batches": "accel.data",
+    "tqdm": "accel.progress",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
@@ -48,6 +60,14 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator
+    from .checkpoint import load, save
+    from .data import skip_first_batches
+    from .launch.notebook import debug_launcher, notebook_launcher
+    from .logging import get_logger
+    from .memory import find_executable_batch_size, free_memory, release_memory
+    from .progress import tqdm
+    from .tracking import GeneralTracker
+    from .utils import set_seed
     from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
                          DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
                          InitProcessGroupKwargs, PrecisionType, ProjectConfiguration)

@@ -1,0 +1,97 @@
+"""What Hugging Face Accelerate users import from ``accelerate.utils``.
+
+The collectives here work on torch's default process group (started by an ``Accelerator``, by
+torchrun, or by the user); with no group they are the world-size-1 no-ops.
+
+Example:
+    >>> import torch
+    >>> from accel.utils import gather, set_seed
+    >>> set_seed(0)
+    >>> gather(torch.tensor([1, 2])).tolist()
+    [1, 2]
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
+                     DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
+                     InitProcessGroupKwargs, PrecisionType, ProjectConfiguration)
+from .data import send_to_device, skip_first_batches
+from .distributed import Communicator, ProcessContext
+from .memory import find_executable_batch_size, release_memory
+
+__all__ = [
+    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
+    "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs",
+    "PrecisionType", "ProjectConfiguration", "broadcast", "broadcast_object_list",
+    "find_executable_batch_size", "gather", "gather_object", "pad_across_processes", "reduce",
+    "release_memory", "send_to_device", "set_seed", "skip_first_batches",
+]
+
+
+def _comm() -> Communicator:
+    if not (dist.is_available() and dist.is_initialized()):
+        ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+        return Communicator(ctx)
+    backend = str(dist.get_backend())
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+        else torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return Communicator(ProcessContext(rank, rank, world, world, 0, device, backend, "user"))
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenate tensors from all ranks along dim 0 (first dims may differ)."""
+    return _comm().gather(tensor)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Gather picklable objects from all ranks (lists are concatenated)."""
+    return _comm().gather_object(obj)
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """All-reduce tensors; ``reduction`` is sum, mean (Accelerate's default here), max or min."""
+    return _comm().reduce(tensor, reduction, scale)
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Copy ``from_process``'s tensors into every rank's tensors, in place."""
+    return _comm().broadcast(tensor, from_process)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace the list's items on every rank by ``from_process``'s items."""
+    return _comm().broadcast_object_list(object_list, from_process)
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0,
+                         pad_first: bool = False) -> Any:
+    """Pad tensors along ``dim`` to the largest size on any rank."""
+    return _comm().pad_across_processes(tensor, dim, pad_index, pad_first)
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch (all devices); ``device_specific`` adds the rank.
+
+    Args:
+        seed: the seed.
+        device_specific: use ``seed + rank`` so that ranks differ.
+        deterministic: also ask torch for deterministic algorithms.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    if device_specific and dist.is_available() and dist.is_initialized():
+        seed += dist.get_rank()
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)  # also seeds every CUDA device, lazily
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
