@@ -65,8 +65,8 @@ def _record(exc: BaseException, code: int) -> None:
     sys.stdout.flush()
     if recorded:
         first = (str(exc).strip().splitlines() or [""])[0][:160]
-        print(f"[accel] rank {rank} failed: {type(exc).__name__}: {first} (traceback in the "
-              "launcher's ROOT CAUSE report)", file=sys.stderr, flush=True)
+        print(f"[accel] rank {rank} failed: {type(exc).__name__}: {first} (full traceback in "
+              "the launcher's report)", file=sys.stderr, flush=True)
     else:
         print(text, end="", file=sys.stderr, flush=True)
     # Exit even if shutdown hangs (non-daemon user threads, a wedged process-group destructor).

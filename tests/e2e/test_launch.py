@@ -1,0 +1,227 @@
+"""``accel launch`` as a subprocess: real workers over gloo, failures, leftovers, concurrency."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TIMEOUT = 120
+
+pytestmark = pytest.mark.slow
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The caller's environment minus launcher/ACCEL variables, with no user config file."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ACCEL_", "TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "SLURM_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                         "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")  # never pick up the developer's config
+    env.update(extra)
+    return env
+
+
+def launch(args: list[str], tmp_path: Path, cwd: Path | None = None,
+           **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "accel", "launch", *args],
+                            cwd=cwd or tmp_path, env=clean_env(tmp_path, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"accel launch did not finish in {TIMEOUT} s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def results(out: str) -> dict[int, dict[str, Any]]:
+    rows = [json.loads(line[len("RESULT "):]) for line in out.splitlines()
+            if line.startswith("RESULT ")]
+    return {row["rank"]: row for row in rows}
+
+
+def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()
+    script = tmp_path / "job" / "allreduce.py"
+    script.write_text((SCRIPTS / "allreduce.py").read_text())
+    procs = [launch(["--cpu", "-n", "2", "job/allreduce.py", f"job{i}", "--flag", "-n", "1"],
+                    tmp_path, ACCEL_MIXED_PRECISION="bf16") for i in range(2)]
+    done = [finish(proc) for proc in procs]
+    ports = set()
+    for i, (code, out, err) in enumerate(done):
+        assert code == 0, err
+        ranks = results(out)
+        assert sorted(ranks) == [0, 1], out
+        for rank, row in ranks.items():
+            assert (row["world"], row["sum"], row["ranks"]) == (2, 3.0, [0, 1])
+            assert row["argv"][1:] == [f"job{i}", "--flag", "-n", "1"]
+            assert row["argv"][0].endswith("allreduce.py") and row["name"] == "__main__"
+            assert row["file"] == str(script) and row["path0"] == str(script.parent)
+            assert (row["device"], row["launched"], row["omp"], row["mp"]) == ("cpu", True, "1",
+                                                                             "bf16")
+        ports.add(ranks[0]["port"])
+        table = {line.split()[0]: line for line in err.splitlines() if line.startswith("  ")}
+        assert "flag --num_processes" in table["num_processes"]
+        assert "flag --cpu" in table["device"]
+        assert "bf16" in table["mixed_precision"] and "env ACCEL_MIXED_PRECISION" in \
+            table["mixed_precision"]
+        assert "default" in table["max_restarts"] and "free port" in table["main_process_port"]
+        assert "none (no file at" in table["config"]
+    assert len(ports) == 2  # separate rendezvous: each job got its own store port
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _with_marker(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_failing_rank_gives_one_root_cause_and_leaves_no_process(tmp_path: Path) -> None:
+    pid_dir = tmp_path / f"pids-{uuid.uuid4().hex}"  # unique marker in every worker's argv
+    pid_dir.mkdir()
+    code, out, err = finish(launch(["--cpu", "-n", "2", "-q", str(SCRIPTS / "fail.py"),
+                                    str(pid_dir)], tmp_path))
+    assert code != 0
+    assert err.count("ROOT CAUSE") == 1, err
+    block = err.split("ROOT CAUSE", 1)[1]
+    assert block.startswith(": rank 1 (local rank 1) on host ") and " pid " in block
+    assert 'fail.py", line' in block and "in explode" in block
+    assert "ValueError: boom from rank 1" in block
+    assert "Traceback" not in out and err.count("Traceback (most recent call last)") == 1
+    assert "accel launch settings" not in err  # --quiet
+    pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+    assert len(pids) == 4  # 2 DataLoader workers on each rank did start
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert _with_marker(pid_dir.name) == []
+
+
+def test_multi_node_static_rendezvous_on_one_machine(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    common = ["--cpu", "-n", "2", "--num_machines", "2", "--main_process_ip", "127.0.0.1",
+              "--main_process_port", port, str(SCRIPTS / "allreduce.py")]
+    procs = [launch(["--machine_rank", str(rank), *common], tmp_path) for rank in (1, 0)]
+    done = [finish(proc) for proc in procs]
+    seen = {}
+    for code, out, err in done:
+        assert code == 0, err
+        assert err.count(f"rendezvous port 127.0.0.1:{port} is unauthenticated") == 1
+        seen.update(results(out))
+    assert sorted(seen) == [0, 1] and all(row["sum"] == 3.0 for row in seen.values())
+
+
+def test_accelerator_gets_the_launch_settings(tmp_path: Path) -> None:
+    code, out, err = finish(launch(["--cpu", "-n", "2", "--gradient_accumulation_steps", "2",
+                                    str(SCRIPTS / "accel_train.py")], tmp_path))
+    assert code == 0, err
+    ranks = results(out)
+    assert sorted(ranks) == [0, 1], out + err
+    for row in ranks.values():
+        assert (row["world"], row["steps"], row["mp"], row["device"]) == (2, 2, "no", "cpu")
+        assert row["same_weights"] is True
+
+
+def test_accel_test_self_check(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "accel", "test"], cwd=tmp_path,
+                          env=clean_env(tmp_path), capture_output=True, text=True,
+                          timeout=TIMEOUT, check=False)
+    assert done.returncode == 0 and "accel test: OK" in done.stdout, done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------- bootstrap alone (no torch)
+def test_bootstrap_runs_scripts_and_modules_like_python(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "show.py").write_text(textwrap.dedent("""\
+        import sys
+        print(__name__, sys.argv[1:], sys.path[0], __file__)
+        if "--exit" in sys.argv:
+            sys.exit(3)
+        """))
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "tool.py").write_text("import sys\nprint(__name__, sys.argv)\n")
+    env = clean_env(tmp_path)
+    boot = [sys.executable, "-m", "accel.launch.bootstrap"]
+    out = subprocess.run([*boot, "sub/show.py", "a", "-b"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["__main__", "['a',", "'-b']", str(tmp_path / "sub"),
+                   str(tmp_path / "sub" / "show.py")]
+    out = subprocess.run([*boot, "-m", "mypkg.tool", "x"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("__main__ [") and "tool.py', 'x']" in out
+    done = subprocess.run([*boot, "sub/show.py", "--exit"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 3
+
+
+def test_bootstrap_writes_the_error_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text("def f():\n    raise KeyError('nope')\nf()\n")
+    error_file = tmp_path / "error.json"
+    env = clean_env(tmp_path, TORCHELASTIC_ERROR_FILE=str(error_file), RANK="3", LOCAL_RANK="1")
+    start = time.time_ns()
+    done = subprocess.run([sys.executable, "-m", "accel.launch.bootstrap", "bad.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "[accel] rank 3 failed: KeyError: 'nope' (full traceback in the launcher's report)"]
+    data = json.loads(error_file.read_text())["message"]
+    info = data["extraInfo"]
+    assert data["message"] == "KeyError: 'nope'"
+    assert info["py_callstack"].startswith("Traceback (most recent call last):\n  File \"")
+    assert "runpy" not in info["py_callstack"] and "launch/bootstrap.py" not in \
+        info["py_callstack"] and "line 2, in f" in info["py_callstack"]
+    assert info["accel"]["rank"] == "3" and info["accel"]["time_ns"] >= start
+    # without torchelastic the traceback goes to stderr, like plain python
+    env.pop("TORCHELASTIC_ERROR_FILE")
+    done = subprocess.run([sys.executable, "-m", "accel.launch.bootstrap", "bad.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stderr.startswith("Traceback") and "KeyError" in \
+        done.stderr
+
+
+def test_accel_env_report(tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("num_processes: 2\nuse_cpu: true\nodd_key: 1\n")
+    done = subprocess.run([sys.executable, "-m", "accel", "env"], cwd=tmp_path,
+                          env=clean_env(tmp_path, ACCEL_CONFIG_FILE=str(cfg)),
+                          capture_output=True, text=True, timeout=TIMEOUT, check=True)
+    text = done.stdout
+    for needle in ("- accel: ", "- torch: ", "CUDA GPUs visible: ", "- launcher: none",
+                   f"- config file: {cfg} (env ACCEL_CONFIG_FILE)", "  num_processes: 2",
+                   "  device: cpu", "ignored keys: odd_key", f"ACCEL_CONFIG_FILE={cfg}"):
+        assert needle in text, (needle, text)
