@@ -32,8 +32,8 @@ say() {
 }
 
 # True when the environment holds the pinned torch / torch_xla and the small deps, all importable.
-venv_ok() {
-    [ -f "$MARKER" ] && [ -x "$PY" ] || return 1
+imports_ok() {
+    [ -x "$PY" ] || return 1
     (cd / && "$PY" - "$TORCH_PIN" "$XLA_PIN" <<'EOF'
 import sys
 import torch, torch_xla  # noqa: E401
@@ -47,6 +47,11 @@ EOF
     ) >/dev/null 2>&1
 }
 
+# True when the environment was completed (marker written last) and still imports.
+venv_ok() {
+    [ -f "$MARKER" ] && imports_ok
+}
+
 # True when `import accel` in the environment resolves to this checkout.
 project_ok() {
     local where
@@ -57,23 +62,26 @@ project_ok() {
 create_venv() {
     if [ -e "$VENV" ]; then
         # Remove only something that is recognisably a virtual environment.
-        [ -f "$VENV/pyvenv.cfg" ] || fail "$VENV exists but is not a virtual environment " \
+        [ -f "$VENV/pyvenv.cfg" ] || fail "$VENV exists but is not a virtual environment" \
             "(no pyvenv.cfg); remove it or set ACCEL_XLA_VENV to another path"
         say "environment at $VENV is incomplete or broken; recreating it"
         rm -rf "$VENV"
     fi
-    command -v "$BASE_PYTHON" >/dev/null 2>&1 || fail "no '$BASE_PYTHON' interpreter found to " \
+    command -v "$BASE_PYTHON" >/dev/null 2>&1 || fail "no '$BASE_PYTHON' interpreter found to" \
         "create $VENV; install Python 3.10-3.13 or set ACCEL_XLA_PYTHON"
     say "creating $VENV with torch==$TORCH_PIN torch-xla==$XLA_PIN (about 7 GB, a few minutes)"
-    "$BASE_PYTHON" -m venv "$VENV" || fail "'$BASE_PYTHON -m venv $VENV' failed; install " \
+    "$BASE_PYTHON" -m venv "$VENV" || fail "'$BASE_PYTHON -m venv $VENV' failed; install" \
         "the venv module (e.g. apt-get install python3-venv)"
     "$PY" -m pip install -q --disable-pip-version-check "torch==$TORCH_PIN" \
         "torch-xla==$XLA_PIN" "${SMALL_DEPS[@]}" \
-        || fail "pip could not install torch==$TORCH_PIN torch-xla==$XLA_PIN into $VENV " \
-            "(no network to the package index, no wheel for this Python, or disk full; see " \
+        || fail "pip could not install torch==$TORCH_PIN torch-xla==$XLA_PIN into $VENV" \
+            "(no network to the package index, no wheel for this Python, or disk full; see" \
             "pip's output above)"
-    venv_ok || fail "$VENV was installed but torch / torch_xla do not import; run " \
-        "'$PY -c \"import torch_xla\"' to see why"
+    if ! imports_ok; then
+        (cd / && "$PY" -c "import torch, torch_xla, numpy, safetensors, tqdm, pytest, yaml; print('torch', torch.__version__, 'torch_xla', torch_xla.__version__)") || true
+        fail "$VENV was installed but the pinned torch / torch_xla (or a small dep) do not" \
+            "import, or have other versions (see above)"
+    fi
     : >"$MARKER"
 }
 
