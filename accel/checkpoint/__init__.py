@@ -30,11 +30,11 @@ from .format import (FORMAT_VERSION, MANIFEST, CheckpointWriter, finalize, remov
                      temp_dir_for, write_json, write_state, write_tensors)
 from .naming import (checkpoint_number, checkpoints_root, complete_checkpoints, latest_complete,
                      next_checkpoint_name, rotate)
-from .reader import (Manifest, is_complete, load_component, load_json, load_tensors,
+from .reader import (CheckpointReader, Manifest, is_complete, load_component, load_json, load_tensors,
                      read_manifest, read_state, verify)
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST", "CheckpointError", "CheckpointWriter", "FileRecord", "Manifest",
+    "FORMAT_VERSION", "MANIFEST", "CheckpointError", "CheckpointReader", "CheckpointWriter", "FileRecord", "Manifest",
     "checkpoint_number", "checkpoints_root", "complete_checkpoints", "decode", "encode",
     "finalize", "is_complete", "latest_complete", "load", "load_component", "load_json",
     "load_model", "load_model_state", "load_tensors", "new_token", "next_checkpoint_name",

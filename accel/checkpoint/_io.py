@@ -7,17 +7,22 @@ between the kernel and the tensor memory, and the sha256 is computed on cache-ho
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
+import queue
 import secrets
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["CHUNK", "FileRecord", "HashingWriter", "fsync_dir", "fsync_file", "hash_file",
-           "new_token", "read_hashed"]
+__all__ = ["CHUNK", "Buffer", "FileRecord", "HashingWriter", "alloc_buffer", "fsync_dir", "fsync_file",
+           "hash_file", "new_token", "read_hashed"]
 
-CHUNK = 4 << 20  # small enough to stay in cache between hashing and copying
+CHUNK = 4 << 20  # raw read/write size
+Buffer = bytearray | mmap.mmap
+_THREAD_MIN = 1 << 20  # below this, hash inline: a thread costs more than it saves
 
 
 @dataclass(frozen=True)
@@ -60,23 +65,68 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
+class _Hasher:
+    """sha256 of a sequence of buffers; large ones are hashed on a helper thread.
+
+    hashlib releases the GIL on large buffers, so hashing runs in parallel with the file I/O of
+    the calling thread. Buffers must stay unchanged until :meth:`hexdigest` returns.
+    """
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self._queue: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def update(self, view: memoryview) -> None:
+        if self._thread is None:
+            if len(view) < _THREAD_MIN:
+                self._sha.update(view)
+                return
+            self._thread = threading.Thread(target=self._run, name="accel-sha256", daemon=True)
+            self._thread.start()
+        self._queue.put(view)
+
+    def _run(self) -> None:
+        while (view := self._queue.get()) is not None:
+            self._sha.update(view)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def hexdigest(self) -> str:
+        self.stop()
+        return self._sha.hexdigest()
+
+
+class _NoHasher(_Hasher):
+    def update(self, view: memoryview) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        return ""
+
+
 class HashingWriter:
     """Write a new file (never overwrites), hashing every byte; ``close()`` fsyncs it.
 
     Used as a context manager, a failure inside the block removes the partial file.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, hashing: bool = True) -> None:
         self.path = Path(path)
         self._fh = open(self.path, "xb", buffering=0)  # noqa: SIM115 - closed in close()/__exit__
-        self._sha = hashlib.sha256()
+        self._hasher = _Hasher() if hashing else _NoHasher()
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Write all of ``data`` (kept alive and unchanged by the caller until :meth:`close`)."""
         view = memoryview(data).cast("B")
+        self._hasher.update(view)
         for start in range(0, len(view), CHUNK):
             chunk = view[start:start + CHUNK]
-            self._sha.update(chunk)
             while chunk:  # raw writes may be partial
                 written = self._fh.write(chunk)
                 chunk = chunk[written or 0:]
@@ -84,9 +134,10 @@ class HashingWriter:
 
     def close(self) -> FileRecord:
         """Flush to disk and return the file's record."""
+        digest = self._hasher.hexdigest()
         os.fsync(self._fh.fileno())
         self._fh.close()
-        return FileRecord(self.size, self._sha.hexdigest())
+        return FileRecord(self.size, digest)
 
     def __enter__(self) -> HashingWriter:
         return self
@@ -94,31 +145,52 @@ class HashingWriter:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is not None:
+            self._hasher.stop()
             self._fh.close()
             self.path.unlink(missing_ok=True)
         elif not self._fh.closed:
             self.close()
 
 
-def read_hashed(path: str | Path) -> tuple[bytearray, str]:
+def alloc_buffer(size: int) -> Buffer:
+    """A writable buffer for a whole file; large ones are private anonymous memory on huge pages.
+
+    Huge pages make the first touch of a large buffer several times cheaper than a bytearray's
+    4 KiB page faults. Tensors made with ``torch.frombuffer`` keep the buffer alive.
+    """
+    if size < _THREAD_MIN or not hasattr(mmap, "MAP_PRIVATE"):
+        return bytearray(size)
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return buf
+
+
+def read_hashed(path: str | Path, *, hashing: bool = True) -> tuple[Buffer, str]:
     """Read a whole file into a fresh buffer and return it with its sha256 hex digest.
+
+    The file is copied into memory (not mapped): a file changed or truncated later cannot change
+    or crash what was loaded. Hashing runs on a helper thread while the next chunk is read.
 
     Raises:
         OSError: the file cannot be opened or read (callers turn this into a CheckpointError).
     """
-    sha = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        buf = bytearray(size)
-        view = memoryview(buf)
-        pos = 0
-        while pos < size:
-            got = fh.readinto(view[pos:pos + CHUNK])
-            if not got:
-                raise OSError(f"{path} shrank while being read ({pos} of {size} bytes)")
-            sha.update(view[pos:pos + got])
-            pos += got
-    return buf, sha.hexdigest()
+    hasher = _Hasher() if hashing else _NoHasher()
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            buf = alloc_buffer(size)
+            view = memoryview(buf)
+            pos = 0
+            while pos < size:
+                got = fh.readinto(view[pos:pos + CHUNK])
+                if not got:
+                    raise OSError(f"{path} shrank while being read ({pos} of {size} bytes)")
+                hasher.update(view[pos:pos + got])
+                pos += got
+    finally:
+        hasher.stop()
+    return buf, hasher.hexdigest()
 
 
 def hash_file(path: str | Path) -> FileRecord:

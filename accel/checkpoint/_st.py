@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ._io import Buffer
 from .errors import CheckpointError
 
 __all__ = ["ALIASES_KEY", "describe_foreign", "parse", "plan", "write"]
@@ -116,7 +117,7 @@ def write(sink: _Sink, tensors: Mapping[str, Any], metadata: Mapping[str, str] |
             sink.write(_bytes_of(stored[name]))
 
 
-def describe_foreign(buf: bytes | bytearray | memoryview) -> str | None:
+def describe_foreign(buf: bytes | Buffer | memoryview) -> str | None:
     """Name the format of a file that is clearly not safetensors (pickle/zip), else None."""
     head = bytes(buf[:4])
     if head.startswith(b"PK\x03\x04"):
@@ -133,7 +134,7 @@ def _invalid(source: str, why: str) -> CheckpointError:
     return CheckpointError(f"{source} is not a valid safetensors file: {why}", path=source)
 
 
-def _read_header(buf: bytearray, source: str) -> tuple[dict[str, Any], int]:
+def _read_header(buf: Buffer, source: str) -> tuple[dict[str, Any], int]:
     foreign = describe_foreign(buf)
     if foreign:
         raise _invalid(source, foreign)
@@ -151,7 +152,7 @@ def _read_header(buf: bytearray, source: str) -> tuple[dict[str, Any], int]:
     return header, 8 + size
 
 
-def _tensor(buf: bytearray, start: int, entry: Any, name: str, source: str) -> torch.Tensor:
+def _tensor(buf: Buffer, start: int, entry: Any, name: str, source: str) -> torch.Tensor:
     try:
         dtype = _NAMES[entry["dtype"]]
         shape = [int(d) for d in entry["shape"]]
@@ -176,7 +177,7 @@ def _tensor(buf: bytearray, start: int, entry: Any, name: str, source: str) -> t
     return out
 
 
-def parse(buf: bytearray, source: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def parse(buf: Buffer, source: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors (CPU, sharing ``buf``'s memory) and metadata of a safetensors file's bytes.
 
     Aliases recorded by :func:`write` are restored: the alias names map to the same tensor.

@@ -52,7 +52,7 @@ def _state_dict(obj: Any) -> Mapping[str, torch.Tensor]:
 def _write_atomic(path: Path, tensors: Mapping[str, torch.Tensor],
                   metadata: Mapping[str, str] | None) -> None:
     tmp = path.parent / f".{path.name}.tmp-{new_token()}"
-    with HashingWriter(tmp) as out:
+    with HashingWriter(tmp, hashing=False) as out:
         _st.write(out, tensors, metadata)
         out.close()
     os.replace(tmp, path)
@@ -76,7 +76,7 @@ def save(obj: Any, path: str | Path, metadata: Mapping[str, str] | None = None) 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     try:
-        buf, _sha = read_hashed(path)
+        buf, _sha = read_hashed(path, hashing=False)
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist", path=path) from None
     except IsADirectoryError:
@@ -176,7 +176,7 @@ def save_model(model: Any, save_directory: str | Path, max_shard_size: int | str
 
 def _write_json_atomic(path: Path, value: Any) -> None:
     tmp = path.parent / f".{path.name}.tmp-{new_token()}"
-    with HashingWriter(tmp) as out:
+    with HashingWriter(tmp, hashing=False) as out:
         out.write(json.dumps(value, indent=2).encode("utf-8"))
         out.close()
     os.replace(tmp, path)

@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -85,12 +87,30 @@ def write_tensors(tmpdir: str | Path, relpath: str, tensors: Mapping[str, torch.
         return out.close()
 
 
-def write_json(tmpdir: str | Path, relpath: str, value: Any) -> FileRecord:
-    """Write strict JSON (no NaN/inf; encode those with :mod:`accel.checkpoint.codec`)."""
-    data = json.dumps(value, allow_nan=False, separators=(",", ":")).encode("utf-8")
+def _json_bytes(value: Any) -> bytes:
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot write JSON: {exc}; pass plain JSON values, or use write_state "
+                        "for tensors, tuples, int keys, inf/nan") from exc
+
+
+def _write_bytes(tmpdir: Path, relpath: str, data: bytes) -> FileRecord:
     with _new_file(Path(tmpdir), relpath) as out:
         out.write(data)
         return out.close()
+
+
+def write_json(tmpdir: str | Path, relpath: str, value: Any) -> FileRecord:
+    """Write strict JSON (no NaN/inf; encode those with :mod:`accel.checkpoint.codec`)."""
+    return _write_bytes(Path(tmpdir), relpath, _json_bytes(value))
+
+
+def _state_doc(stem: str, state: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors, structure = encode(state)
+    doc = {"format": STATE_FORMAT, "version": FORMAT_VERSION,
+           "tensors": f"{stem}.safetensors" if tensors else None, "state": structure}
+    return tensors, doc
 
 
 def write_state(tmpdir: str | Path, stem: str, state: Any) -> dict[str, FileRecord]:
@@ -103,13 +123,10 @@ def write_state(tmpdir: str | Path, stem: str, state: Any) -> dict[str, FileReco
     Raises:
         TypeError: ``state`` holds a value that cannot be stored without pickle (names its path).
     """
-    tensors, structure = encode(state)
+    tensors, doc = _state_doc(stem, state)
     records: dict[str, FileRecord] = {}
-    tensor_file = f"{stem}.safetensors" if tensors else None
-    if tensor_file:
-        records[tensor_file] = write_tensors(tmpdir, tensor_file, tensors)
-    doc = {"format": STATE_FORMAT, "version": FORMAT_VERSION, "tensors": tensor_file,
-           "state": structure}
+    if tensors:
+        records[doc["tensors"]] = write_tensors(tmpdir, doc["tensors"], tensors)
     records[f"{stem}.json"] = write_json(tmpdir, f"{stem}.json", doc)
     return records
 
@@ -225,48 +242,73 @@ def remove_checkpoint(path: str | Path) -> None:
 
 
 class CheckpointWriter:
-    """Collect one rank's files for a checkpoint in its temporary directory.
+    """Write one rank's files for a checkpoint into its temporary directory, in parallel.
 
     Every rank creates one with the same ``target`` and ``token``; rank 0 calls
-    :meth:`finalize` after a barrier, passing the records gathered from the other ranks.
+    :meth:`finalize` after a barrier, passing the records gathered from the other ranks
+    (:meth:`wait` returns this rank's). States are encoded (and bad values rejected) at the
+    call; the files are written by ``workers`` threads, so tensors passed in must not be
+    modified until :meth:`wait`/:meth:`finalize` returns.
 
     Example:
         >>> import tempfile
         >>> w = CheckpointWriter(Path(tempfile.mkdtemp()) / "ckpt", token="abc123")
         >>> w.tmpdir.name
         '.tmp-ckpt-abc123'
+        >>> w.abort()
     """
 
-    def __init__(self, target: str | Path, token: str | None = None) -> None:
+    def __init__(self, target: str | Path, token: str | None = None, *, workers: int = 2) -> None:
         self.target = Path(target)
         self.token = token or new_token()
         self.tmpdir = temp_dir_for(self.target, self.token)
         self.tmpdir.mkdir(parents=True, exist_ok=True)
-        self.records: dict[str, FileRecord] = {}
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="accel-ckpt")
+        self._pending: dict[str, Future[FileRecord]] = {}
+
+    def _submit(self, relpath: str, fn: Callable[..., FileRecord], *args: Any) -> None:
+        check_relpath(relpath)
+        if relpath in self._pending:
+            raise ValueError(f"{relpath!r} was already written to this checkpoint; use one "
+                             "name per component (e.g. optimizer_1 for a second optimizer)")
+        self._pending[relpath] = self._pool.submit(fn, self.tmpdir, relpath, *args)
 
     def write_tensors(self, relpath: str, tensors: Mapping[str, torch.Tensor],
-                      metadata: Mapping[str, str] | None = None) -> FileRecord:
-        record = write_tensors(self.tmpdir, relpath, tensors, metadata)
-        self.records[relpath] = record
-        return record
+                      metadata: Mapping[str, str] | None = None) -> None:
+        """Queue a safetensors file (names and tensors are validated now)."""
+        _st.plan(tensors)
+        self._submit(relpath, write_tensors, dict(tensors), metadata)
 
-    def write_json(self, relpath: str, value: Any) -> FileRecord:
-        record = write_json(self.tmpdir, relpath, value)
-        self.records[relpath] = record
-        return record
+    def write_json(self, relpath: str, value: Any) -> None:
+        """Queue a strict-JSON file (serialised now)."""
+        self._submit(relpath, _write_bytes, _json_bytes(value))
 
-    def write_state(self, stem: str, state: Any) -> dict[str, FileRecord]:
-        records = write_state(self.tmpdir, stem, state)
-        self.records.update(records)
-        return records
+    def write_state(self, stem: str, state: Any) -> None:
+        """Queue ``<stem>.json`` (+ ``<stem>.safetensors``); see :func:`write_state`."""
+        tensors, doc = _state_doc(stem, state)
+        if tensors:
+            self._submit(doc["tensors"], write_tensors, tensors, None)
+        self._submit(f"{stem}.json", _write_bytes, _json_bytes(doc))
+
+    def wait(self) -> dict[str, FileRecord]:
+        """Wait for every queued file; return their records (raises the first failure)."""
+        futures_wait(self._pending.values())
+        return {rel: future.result() for rel, future in self._pending.items()}
 
     def finalize(self, *, step: int, world_size: int, meta: Mapping[str, Any] | None = None,
                  records: Mapping[str, FileRecord] | None = None) -> Path:
         """Rank 0: write the manifest and rename into place (``records``: other ranks' files)."""
+        try:
+            mine = self.wait()
+        finally:
+            self._pool.shutdown()
         return finalize(self.tmpdir, self.target, step=step, world_size=world_size, meta=meta,
-                        records={**(records or {}), **self.records})
+                        records={**(records or {}), **mine})
 
     def abort(self) -> None:
-        """Remove the temporary directory (after a failed save)."""
+        """Stop writing and remove the temporary directory (after a failed save)."""
+        for future in self._pending.values():
+            future.cancel()
+        self._pool.shutdown(wait=True)
         if self.tmpdir.exists():
             shutil.rmtree(self.tmpdir)

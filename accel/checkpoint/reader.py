@@ -17,7 +17,8 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,12 @@ from typing import Any
 import torch
 
 from . import _st
-from ._io import FileRecord, hash_file, read_hashed
+from ._io import Buffer, FileRecord, hash_file, read_hashed
 from .codec import decode
 from .errors import CheckpointError
 from .format import FORMAT_VERSION, MANIFEST, STATE_FORMAT, check_relpath
 
-__all__ = ["Manifest", "is_complete", "load_component", "load_json", "load_tensors",
+__all__ = ["CheckpointReader", "Manifest", "is_complete", "load_component", "load_json", "load_tensors",
            "read_manifest", "read_state", "verify"]
 
 _MAX_MANIFEST = 64 << 20
@@ -145,7 +146,7 @@ def verify(directory: str | Path) -> Manifest:
     return manifest
 
 
-def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> bytearray:
+def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> Buffer:
     manifest = manifest or read_manifest(directory)
     path = directory / relpath
     record = manifest.files.get(relpath)
@@ -169,26 +170,103 @@ def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> 
     return buf
 
 
+class CheckpointReader:
+    """Verified reads from one checkpoint; files named in ``prefetch`` are read in parallel.
+
+    Each file is read once into memory while its sha256 is computed, checked against the
+    manifest, then parsed. ``prefetch`` lists relpaths or state stems (``"optimizer"`` means
+    ``optimizer.json`` and ``optimizer.safetensors``) to start reading on ``workers`` threads
+    now; names the manifest lacks are skipped here and raise when accessed.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from accel.checkpoint.format import CheckpointWriter
+        >>> w = CheckpointWriter(Path(tempfile.mkdtemp()) / "ckpt")
+        >>> w.write_tensors("model.safetensors", {"w": torch.ones(2)})
+        >>> ckpt = w.finalize(step=0, world_size=1)
+        >>> CheckpointReader(ckpt, prefetch=["model.safetensors"]).tensors("model.safetensors")
+        {'w': tensor([1., 1.])}
+    """
+
+    def __init__(self, directory: str | Path, prefetch: Iterable[str] = (), *,
+                 manifest: Manifest | None = None, workers: int = 2) -> None:
+        self.directory = Path(directory)
+        self.manifest = manifest or read_manifest(self.directory)
+        self._futures: dict[str, Future[Buffer]] = {}
+        files = list(dict.fromkeys(rel for name in prefetch for rel in self._expand(name)))
+        if files:
+            pool = ThreadPoolExecutor(min(max(1, workers), len(files)),
+                                      thread_name_prefix="accel-ckpt-read")
+            for rel in files:
+                self._futures[rel] = pool.submit(_read_verified, self.directory, rel,
+                                                 self.manifest)
+            pool.shutdown(wait=False)
+
+    def _expand(self, name: str) -> list[str]:
+        if name in self.manifest.files:
+            return [name]
+        return [rel for rel in (f"{name}.json", f"{name}.safetensors") if rel in self.manifest.files]
+
+    def _buffer(self, relpath: str) -> Buffer:
+        future = self._futures.pop(relpath, None)
+        if future is not None:
+            return future.result()
+        return _read_verified(self.directory, relpath, self.manifest)
+
+    def tensors(self, relpath: str) -> dict[str, torch.Tensor]:
+        """Verified tensors of a safetensors file, on CPU (tied aliases restored)."""
+        return _st.parse(self._buffer(relpath), str(self.directory / relpath))[0]
+
+    def json(self, relpath: str) -> Any:
+        """Verified, parsed JSON file."""
+        buf = self._buffer(relpath)
+        path = self.directory / relpath
+        foreign = _st.describe_foreign(buf)
+        try:
+            if foreign:
+                raise ValueError(foreign)
+            return json.loads(bytes(buf).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CheckpointError(f"{path} is not valid JSON: {exc}", path=path) from None
+
+    def component(self, relpath: str) -> Any:
+        """``.safetensors`` -> dict of tensors, ``.json`` -> parsed JSON, else bytes."""
+        if relpath.endswith(".safetensors"):
+            return self.tensors(relpath)
+        if relpath.endswith(".json"):
+            return self.json(relpath)
+        return bytes(self._buffer(relpath))
+
+    def state(self, stem: str) -> Any:
+        """A state written by :func:`accel.checkpoint.format.write_state` (``<stem>.json``)."""
+        path = self.directory / f"{stem}.json"
+        doc = self.json(f"{stem}.json")
+        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT or "state" not in doc:
+            raise CheckpointError(f"{path} is not an accel state file (expected an object with "
+                                  f"\"format\": \"{STATE_FORMAT}\")", path=path)
+        tensor_file = doc.get("tensors")
+        tensors: Mapping[str, torch.Tensor] = {}
+        if tensor_file is not None:
+            if not isinstance(tensor_file, str):
+                raise CheckpointError(f"{path}: \"tensors\" must be a file name or null",
+                                      path=path)
+            tensors = self.tensors(tensor_file)
+        try:
+            return decode(doc["state"], tensors)
+        except ValueError as exc:
+            raise CheckpointError(f"{path} (with its tensors {tensor_file}) is malformed: {exc}",
+                                  path=path) from exc
+
+
 def load_tensors(directory: str | Path, relpath: str,
                  manifest: Manifest | None = None) -> dict[str, torch.Tensor]:
     """Verified tensors of a safetensors component, on CPU (tied aliases restored)."""
-    directory = Path(directory)
-    buf = _read_verified(directory, relpath, manifest)
-    return _st.parse(buf, str(directory / relpath))[0]
+    return CheckpointReader(directory, manifest=manifest).tensors(relpath)
 
 
 def load_json(directory: str | Path, relpath: str, manifest: Manifest | None = None) -> Any:
     """Verified, parsed JSON component."""
-    directory = Path(directory)
-    buf = _read_verified(directory, relpath, manifest)
-    path = directory / relpath
-    foreign = _st.describe_foreign(buf)
-    try:
-        if foreign:
-            raise ValueError(foreign)
-        return json.loads(bytes(buf).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}", path=path) from None
+    return CheckpointReader(directory, manifest=manifest).json(relpath)
 
 
 def load_component(directory: str | Path, relpath: str, manifest: Manifest | None = None) -> Any:
@@ -199,11 +277,7 @@ def load_component(directory: str | Path, relpath: str, manifest: Manifest | Non
     Raises:
         CheckpointError: naming the file when it is unlisted, missing, corrupt or unreadable.
     """
-    if relpath.endswith(".safetensors"):
-        return load_tensors(directory, relpath, manifest)
-    if relpath.endswith(".json"):
-        return load_json(directory, relpath, manifest)
-    return bytes(_read_verified(Path(directory), relpath, manifest))
+    return CheckpointReader(directory, manifest=manifest).component(relpath)
 
 
 def read_state(directory: str | Path, stem: str, manifest: Manifest | None = None) -> Any:
@@ -212,21 +286,4 @@ def read_state(directory: str | Path, stem: str, manifest: Manifest | None = Non
     Raises:
         CheckpointError: naming the file when it is missing, corrupt or malformed.
     """
-    directory = Path(directory)
-    manifest = manifest or read_manifest(directory)
-    path = directory / f"{stem}.json"
-    doc = load_json(directory, f"{stem}.json", manifest)
-    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT or "state" not in doc:
-        raise CheckpointError(f"{path} is not an accel state file (expected an object with "
-                              f"\"format\": \"{STATE_FORMAT}\")", path=path)
-    tensor_file = doc.get("tensors")
-    tensors: Mapping[str, torch.Tensor] = {}
-    if tensor_file is not None:
-        if not isinstance(tensor_file, str):
-            raise CheckpointError(f"{path}: \"tensors\" must be a file name or null", path=path)
-        tensors = load_tensors(directory, tensor_file, manifest)
-    try:
-        return decode(doc["state"], tensors)
-    except ValueError as exc:
-        raise CheckpointError(f"{path} (with its tensors {tensor_file}) is malformed: {exc}",
-                              path=path) from exc
+    return CheckpointReader(directory, manifest=manifest).state(stem)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import accel
-from accel.checkpoint import (MANIFEST, CheckpointError, CheckpointWriter, checkpoint_number,
+from accel.checkpoint import (MANIFEST, CheckpointError, CheckpointReader, CheckpointWriter, checkpoint_number,
                               checkpoints_root, complete_checkpoints, finalize, is_complete,
                               latest_complete, load_component, load_tensors, new_token,
                               next_checkpoint_name, read_manifest, read_state, rotate,
@@ -51,7 +51,8 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path: Path) -> None:
 
 def test_state_without_tensors_writes_only_json(tmp_path: Path) -> None:
     writer = CheckpointWriter(tmp_path / "c")
-    assert list(writer.write_state("scheduler", {"last_epoch": 2})) == ["scheduler.json"]
+    writer.write_state("scheduler", {"last_epoch": 2})
+    assert list(writer.wait()) == ["scheduler.json"]
     ckpt = writer.finalize(step=2, world_size=1)
     assert read_state(ckpt, "scheduler") == {"last_epoch": 2}
 
@@ -157,6 +158,7 @@ def test_ranks_write_into_one_temp_dir_and_rank0_finalizes(tmp_path: Path) -> No
 def test_finalize_rejects_a_reported_file_that_was_modified(tmp_path: Path) -> None:
     writer = CheckpointWriter(tmp_path / "c")
     writer.write_json("a.json", {"x": 1})
+    writer.wait()
     (writer.tmpdir / "a.json").write_text('{"x": 100}')
     with pytest.raises(CheckpointError, match="reported"):
         writer.finalize(step=0, world_size=1)
@@ -239,6 +241,42 @@ def test_files_are_fsynced_and_temp_dir_is_same_parent(tmp_path: Path, monkeypat
     writer = CheckpointWriter(tmp_path / "c", token="tok1")
     assert writer.tmpdir == tmp_path / ".tmp-c-tok1"
     writer.write_json("a.json", {})
+    writer.wait()
     assert len(synced) == 1
     writer.finalize(step=0, world_size=1)
     assert len(synced) >= 4  # file, dirs, manifest, parent
+
+
+def test_writer_rejects_bad_input_at_the_call_and_reports_worker_failures(tmp_path: Path) -> None:
+    writer = CheckpointWriter(tmp_path / "c")
+    with pytest.raises(TypeError, match=r"state\['x'\]"):
+        writer.write_state("opt", {"x": object()})
+    with pytest.raises(TypeError, match="cannot write JSON"):
+        writer.write_json("a.json", {"x": float("nan")})
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        writer.write_tensors("m.safetensors", {"w": [1.0]})
+    writer.write_json("a.json", {})
+    with pytest.raises(ValueError, match="already written"):
+        writer.write_json("a.json", {})
+    (writer.tmpdir / "b.json").write_text("{}")  # the worker's exclusive create will fail
+    writer.write_json("b.json", {})
+    with pytest.raises(FileExistsError):
+        writer.finalize(step=0, world_size=1)
+    assert not (tmp_path / "c").exists()
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reader_prefetch_reads_the_same_and_reports_corruption_on_access(tmp_path: Path) -> None:
+    ckpt = _save(tmp_path / "ckpt", step=4)
+    reader = CheckpointReader(ckpt, prefetch=["model.safetensors", "optimizer", "rng/rank_0",
+                                              "not-there"])
+    assert reader.tensors("model.safetensors")["w"].eq(4).all()
+    assert reader.state("optimizer")["state"][0]["step"].item() == 4
+    assert torch.equal(reader.state("rng/rank_0")["torch"], read_state(ckpt, "rng/rank_0")["torch"])
+    with pytest.raises(CheckpointError, match="not part of checkpoint"):
+        reader.json("not-there.json")
+    _flip_byte(ckpt / "optimizer.safetensors", offset=100)
+    reader = CheckpointReader(ckpt, prefetch=["optimizer"])
+    with pytest.raises(CheckpointError, match="optimizer.safetensors is corrupt"):
+        reader.state("optimizer")
