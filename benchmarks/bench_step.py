@@ -1,0 +1,192 @@
+"""Training-step overhead: plain PyTorch DDP vs accel (vs Hugging Face accelerate if installed).
+
+Two processes on CPU over gloo run the same loop (next batch, forward, MSE loss, backward,
+optimizer step, zero_grad) written three ways, each with its own copy of the same model and
+data: plain ``DistributedDataParallel`` + ``DistributedSampler``; accel (``Accelerator``,
+``prepare``, ``accelerator.backward``); and accelerate when it is importable. The variants run
+in blocks of steps, interleaved (rotating which goes first) in the same processes, so load and
+drift hit them alike. The table shows rank 0's median time per step and the ratio to plain
+PyTorch. The "+ accumulate()" row wraps the accel/accelerate steps in
+``accelerator.accumulate(model)`` (gradient_accumulation_steps=1), as many scripts do.
+
+Run:  python benchmarks/bench_step.py [--repeats 30] [--quick] [--no-accelerate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+
+__all__ = ["main"]
+
+TARGET = 1.05  # accel / torch on the tiny model
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    width: int  # input features and hidden width
+    depth: int  # hidden layers
+    batch: int  # per rank
+    steps: int  # steps per timed block
+    accumulate: bool = False
+
+
+CASES = (Case("tiny", 16, 1, 32, 50), Case("tiny + accumulate()", 16, 1, 32, 50, True),
+         Case("medium", 512, 4, 64, 4))
+
+
+def _model(case: Case) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(case.depth):
+        layers += [nn.Linear(case.width, case.width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(case.width, 1))
+
+
+def _dataset(case: Case, world: int) -> Any:
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    n = case.batch * world * 64
+    x = torch.randn(n, case.width, generator=generator)
+    return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+
+
+class _Loop:
+    """Endless batches from a loader (a new epoch when one ends) and the step callable."""
+
+    def __init__(self, loader: Any, on_epoch: Callable[[int], None] | None = None) -> None:
+        self.loader = loader
+        self.on_epoch = on_epoch
+        self.epoch = 0
+        self.iterator: Iterator[Any] = iter(loader)
+
+    def batch(self) -> Any:
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            self.epoch += 1
+            if self.on_epoch is not None:
+                self.on_epoch(self.epoch)
+            self.iterator = iter(self.loader)
+            return next(self.iterator)
+
+
+def _torch_variant(case: Case, rank: int, world: int) -> Callable[[], None]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    model = DistributedDataParallel(_model(case))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    dataset = _dataset(case, world)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loop = _Loop(DataLoader(dataset, batch_size=case.batch, sampler=sampler), sampler.set_epoch)
+
+    def block() -> None:
+        for _ in range(case.steps):
+            x, y = loop.batch()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    return block
+
+
+def _framework_variant(accelerator: Any, case: Case, world: int) -> Callable[[], None]:
+    """The same loop through accel's or accelerate's Accelerator (identical public API)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    model = _model(case)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(_dataset(case, world), batch_size=case.batch, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    loop = _Loop(loader)
+
+    def step() -> None:
+        x, y = loop.batch()
+        loss = F.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def block() -> None:
+        for _ in range(case.steps):
+            if case.accumulate:
+                with accelerator.accumulate(model):
+                    step()
+            else:
+                step()
+
+    return block
+
+
+def _worker(rank: int, cases: tuple[Case, ...], repeats: int, warmup: int,
+            use_accelerate: bool) -> dict[str, dict[str, list[float]]]:
+    import torch
+
+    torch.set_num_threads(1)
+    from accel import Accelerator
+
+    accel_acc = Accelerator(cpu=True)  # starts the gloo group that every variant shares
+    world = accel_acc.num_processes
+    other = None
+    if use_accelerate:
+        import accelerate
+
+        other = accelerate.Accelerator(cpu=True)
+    out: dict[str, dict[str, list[float]]] = {}
+    for case in cases:
+        variants = {"torch": _torch_variant(case, rank, world),
+                    "accel": _framework_variant(accel_acc, case, world)}
+        if other is not None:
+            variants["accelerate"] = _framework_variant(other, case, world)
+        times = _common.interleave(variants, repeats=repeats, warmup=warmup)
+        out[case.name] = {name: [t / case.steps for t in values]
+                          for name, values in times.items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _common.add_common_args(parser, repeats=30)
+    args = parser.parse_args(argv)
+    cases = CASES
+    repeats, warmup = args.repeats, 3
+    if args.quick:
+        cases = tuple(Case(c.name, c.width, c.depth, 4, 2, c.accumulate) for c in CASES)
+        repeats, warmup = 2, 1
+    use_accelerate = _common.has_accelerate() and not args.no_accelerate
+    results = _common.run_workers(_worker, 2, (cases, repeats, warmup, use_accelerate))[0]
+    columns = ["torch", "accel"] + (["accelerate"] if use_accelerate else [])
+    rows = [[name] + [_common.median(times[c]) for c in columns]
+            for name, times in results.items()]
+    print(_common.format_table(
+        f"Step time per training step, 2 processes (gloo), median of {repeats} blocks, rank 0",
+        ["model"] + columns, rows, ratio_of=columns[1:]))
+    print(_common.machine_line())
+    tiny = results[cases[0].name]
+    value = _common.ratio(_common.median(tiny["accel"]), _common.median(tiny["torch"]))
+    print(f"target: accel / torch <= {TARGET} on the tiny model: "
+          f"{value:.3f} ({'met' if value <= TARGET else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
