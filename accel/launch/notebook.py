@@ -131,7 +131,8 @@ def _raise_failure(exc: Any) -> None:
         text = root.traceback or root.message
         raise WorkerFailedError(f"worker {where} failed: {text}\n{note}") from None
     original.add_note(note)
-    raise original from RemoteTraceback(root.traceback)
+    header = f"worker {where} raised (its traceback; re-raised below in the caller):\n"
+    raise original from RemoteTraceback(header + root.traceback)
 
 
 def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, env: dict[str, str],

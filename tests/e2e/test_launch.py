@@ -60,7 +60,10 @@ def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_pat
     (tmp_path / "job").mkdir()
     script = tmp_path / "job" / "allreduce.py"
     script.write_text((SCRIPTS / "allreduce.py").read_text())
-    procs = [launch(["--cpu", "-n", "2", "job/allreduce.py", f"job{i}", "--flag", "-n", "1"],
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmy_key: 1\n")
+    chosen = [["--config_file", str(config)], ["--cpu", "-n", "2"]]  # same job, two ways
+    procs = [launch([*chosen[i], "job/allreduce.py", f"job{i}", "--flag", "-n", "1"],
                     tmp_path, ACCEL_MIXED_PRECISION="bf16") for i in range(2)]
     done = [finish(proc) for proc in procs]
     ports = set()
@@ -68,7 +71,7 @@ def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_pat
         assert code == 0, err
         ranks = results(out)
         assert sorted(ranks) == [0, 1], out
-        for rank, row in ranks.items():
+        for row in ranks.values():
             assert (row["world"], row["sum"], row["ranks"]) == (2, 3.0, [0, 1])
             assert row["argv"][1:] == [f"job{i}", "--flag", "-n", "1"]
             assert row["argv"][0].endswith("allreduce.py") and row["name"] == "__main__"
@@ -77,12 +80,15 @@ def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_pat
                                                                              "bf16")
         ports.add(ranks[0]["port"])
         table = {line.split()[0]: line for line in err.splitlines() if line.startswith("  ")}
-        assert "flag --num_processes" in table["num_processes"]
-        assert "flag --cpu" in table["device"]
+        source = ["config " + str(config), "flag --num_processes"][i]
+        assert source in table["num_processes"] and " 2 " in table["num_processes"]
+        assert ["config " + str(config), "flag --cpu"][i] in table["device"]
         assert "bf16" in table["mixed_precision"] and "env ACCEL_MIXED_PRECISION" in \
             table["mixed_precision"]
         assert "default" in table["max_restarts"] and "free port" in table["main_process_port"]
-        assert "none (no file at" in table["config"]
+        assert [str(config), "none (no file at"][i] in table["config"]
+        assert ["flag --config_file", "-"][i] in table["config"]
+        assert err.count("ignoring keys accel does not use: my_key") == (1 - i)
     assert len(ports) == 2  # separate rendezvous: each job got its own store port
 
 
@@ -125,6 +131,30 @@ def test_failing_rank_gives_one_root_cause_and_leaves_no_process(tmp_path: Path)
     assert len(pids) == 4  # 2 DataLoader workers on each rank did start
     assert [pid for pid in pids if _alive(pid)] == []
     assert _with_marker(pid_dir.name) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_workers_die_when_the_launcher_is_killed(tmp_path: Path) -> None:
+    proc = launch(["--cpu", "-n", "2", "-q", str(SCRIPTS / "sleeper.py")], tmp_path)
+    pids = []
+    try:
+        assert proc.stdout is not None
+        while len(pids) < 2:
+            line = proc.stdout.readline()
+            assert line, "accel launch ended before both workers were ready"
+            if line.startswith("READY "):
+                pids.append(int(line.split()[2]))
+        proc.kill()  # SIGKILL: no cleanup code of the launcher runs
+        proc.wait(timeout=TIMEOUT)
+        deadline = time.monotonic() + 30
+        while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in pids if _alive(pid)] == []
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, 9)
+        proc.communicate()
 
 
 def test_multi_node_static_rendezvous_on_one_machine(tmp_path: Path) -> None:
@@ -214,13 +244,16 @@ def test_bootstrap_writes_the_error_file(tmp_path: Path) -> None:
         done.stderr
 
 
-def test_accel_env_report(tmp_path: Path) -> None:
+def test_accel_env_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.launch.info import env_report
+
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("num_processes: 2\nuse_cpu: true\nodd_key: 1\n")
-    done = subprocess.run([sys.executable, "-m", "accel", "env"], cwd=tmp_path,
-                          env=clean_env(tmp_path, ACCEL_CONFIG_FILE=str(cfg)),
-                          capture_output=True, text=True, timeout=TIMEOUT, check=True)
-    text = done.stdout
+    for name in list(os.environ):
+        if name.startswith("ACCEL_") or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCEL_CONFIG_FILE", str(cfg))
+    text = env_report()
     for needle in ("- accel: ", "- torch: ", "CUDA GPUs visible: ", "- launcher: none",
                    f"- config file: {cfg} (env ACCEL_CONFIG_FILE)", "  num_processes: 2",
                    "  device: cpu", "ignored keys: odd_key", f"ACCEL_CONFIG_FILE={cfg}"):

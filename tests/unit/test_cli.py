@@ -330,3 +330,19 @@ def test_help_does_not_import_torch() -> None:
                           cwd=ROOT, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "TORCH []" in done.stdout and "--num_processes" in done.stdout
+
+
+def test_default_config_is_used_only_if_present_and_said_so(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCEL_CONFIG_FILE", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    config, note = cli._locate_config(None)
+    assert config is None and note == f"none (no file at {tmp_path}/accel/default_config.yaml)"
+    (tmp_path / "accel").mkdir()
+    (tmp_path / "accel" / "default_config.yaml").write_text("num_processes: 3\n")
+    config, note = cli._locate_config(None)
+    assert config is not None and config.values == {"num_processes": 3}
+    assert note == "default location (used because it exists)"
+    monkeypatch.setenv("ACCEL_CONFIG_FILE", str(tmp_path / "gone.yaml"))
+    with pytest.raises(CLIError, match="gone.yaml does not exist"):
+        cli._locate_config(None)
