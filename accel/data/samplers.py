@@ -89,7 +89,9 @@ class ShardBatchSampler(Sampler[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         # Not a generator function: the run is taken now, when the DataLoader starts a pass.
-        run, self.next_run = self.next_run or EpochRun(epoch=0), None
+        # It is not cleared: a DataLoader iterator may call iter() twice while starting (and
+        # iterate only the second); the prepared loader sets a new run before every pass.
+        run = self.next_run or EpochRun(epoch=0)
         return self._generate(run)
 
     def steps(self, skip: int = 0) -> Iterator[Step]:

@@ -185,3 +185,244 @@ def test_split_batches_needs_divisible_batch_size() -> None:
     with pytest.raises(ValueError, match="multiple of 2"):
         IterableSource(DataLoader(Stream(8), batch_size=3), rank=0, world=2, even=True,
                        split=True)
+
+
+# -- shuffling ---------------------------------------------------------------------------------
+def test_seedable_shuffle_same_on_every_rank_and_new_each_epoch() -> None:
+    orders = {}
+    for rank in range(3):
+        sampler = SeedableSampler(RandomSampler(range(50)), seed=7)
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            orders[rank, epoch] = list(sampler)
+    for epoch in range(3):
+        assert orders[0, epoch] == orders[1, epoch] == orders[2, epoch]
+        assert sorted(orders[0, epoch]) == list(range(50))
+    assert orders[0, 0] != orders[0, 1] != orders[0, 2]
+    other = SeedableSampler(RandomSampler(range(50)), seed=8)
+    assert list(other) != orders[0, 0]
+    # replacement / num_samples are kept
+    drawn = list(SeedableSampler(RandomSampler(range(5), replacement=True, num_samples=12), 1))
+    assert len(drawn) == 12 and set(drawn) <= set(range(5))
+
+
+def test_prepared_shuffle_shards_one_permutation() -> None:
+    world = 3
+    loaders = [_prepared(DataLoader(range(40), batch_size=4, shuffle=True), r, world, seed=5)
+               for r in range(world)]
+    for epoch in range(2):
+        per_rank = [[b.tolist() for b in dl] for dl in loaders]
+        merged = [x for k in range(len(per_rank[0])) for r in range(world)
+                  for x in per_rank[r][k]]
+        # 40 samples, 10 batches: the last round pads ranks 1 and 2 with duplicates
+        real = merged[:40]
+        assert sorted(real) == list(range(40)) and all(dl.epoch == epoch for dl in loaders)
+        if epoch == 0:
+            first = real
+    assert real != first  # a new epoch is a new order
+    single = _prepared(DataLoader(range(40), batch_size=4, shuffle=True), seed=5)
+    assert [x for b in single for x in b.tolist()] == first  # same order as on one process
+
+
+def test_user_generator_is_replaced_with_a_warning() -> None:
+    gen = torch.Generator().manual_seed(3)
+    with pytest.warns(UserWarning, match="generator is not used"):
+        _prepared(DataLoader(range(8), batch_size=2, shuffle=True, generator=gen))
+
+
+# -- resume ------------------------------------------------------------------------------------
+def _epochs(dl: PreparedDataLoader, n: int) -> list[list[list[int]]]:
+    return [[b.tolist() for b in dl] for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_resume_mid_epoch_then_next_epochs(kind: str) -> None:
+    def make(seed: int) -> PreparedDataLoader:
+        if kind == "map":
+            return _prepared(DataLoader(range(23), batch_size=3, shuffle=True), seed=seed)
+        return _prepared(DataLoader(Stream(23), batch_size=3), seed=seed)
+
+    full = _epochs(make(11), 3)
+    dl = make(11)
+    assert [b.tolist() for b in dl] == full[0]
+    seen = []
+    for i, batch in enumerate(dl):
+        seen.append(batch.tolist())
+        if i == 3:
+            state = json.loads(json.dumps(dl.state_dict()))
+            break
+    assert seen == full[1][:4] and state["next_epoch"] == 1 and state["next_skip"] == 4
+    resumed = make(999)  # another seed argument: the checkpoint's seed wins
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == full[1][4:]
+    assert [b.tolist() for b in resumed] == full[2]
+
+
+def test_resume_boundaries_and_explicit_epoch() -> None:
+    dl = _prepared(DataLoader(range(10), batch_size=4, shuffle=True), seed=2)
+    assert dl.state_dict()["next_epoch"] == 0
+    full = _epochs(_prepared(DataLoader(range(10), batch_size=4, shuffle=True), seed=2), 3)
+    for i, _ in enumerate(dl):
+        if i == 2:  # saved while the last batch is being used: next is epoch 1's first batch
+            state = dl.state_dict()
+    assert (state["next_epoch"], state["next_skip"]) == (0, 3)
+    after = dl.state_dict()
+    assert (after["next_epoch"], after["next_skip"], after["iterating"]) == (1, 0, False)
+    for saved in (state, after):
+        resumed = _prepared(DataLoader(range(10), batch_size=4, shuffle=True), seed=2)
+        resumed.load_state_dict(saved)
+        assert _epochs(resumed, 2) == full[1:]
+    dl.set_epoch(0)
+    assert [b.tolist() for b in dl] == full[0] and dl.epoch == 0
+
+
+def test_break_then_new_epoch_and_world_size_change() -> None:
+    dl = _prepared(DataLoader(range(12), batch_size=2, shuffle=True), seed=4)
+    full = _epochs(_prepared(DataLoader(range(12), batch_size=2, shuffle=True), seed=4), 2)
+    for batch in dl:
+        break
+    assert [b.tolist() for b in dl] == full[1]  # a broken loop still ends its epoch
+    # two ranks consumed 2 rounds (8 samples); one process resumes with the rest of the epoch
+    ranks = [_prepared(DataLoader(range(12), batch_size=2, shuffle=True), r, 2, seed=4)
+             for r in range(2)]
+    states = []
+    for dl2 in ranks:
+        for i, _ in enumerate(dl2):
+            if i == 1:
+                states.append(dl2.state_dict())
+                break
+    one = _prepared(DataLoader(range(12), batch_size=2, shuffle=True), seed=4)
+    one.load_state_dict(states[0])
+    assert [b.tolist() for b in one] == full[0][4:]
+    three = _prepared(DataLoader(range(12), batch_size=2, shuffle=True), 0, 3, seed=4)
+    with pytest.raises(ValueError, match="whole number"):
+        three.load_state_dict(states[0])
+
+
+# -- transfer, trimming, skipping ----------------------------------------------------------------
+class Movable:
+    def __init__(self) -> None:
+        self.moved_to: Any = None
+
+    def to(self, device: Any) -> Movable:  # no non_blocking keyword
+        self.moved_to = device
+        return self
+
+
+def test_send_to_device_nested() -> None:
+    cpu = torch.device("cpu")
+    batch = {"pair": Pair(torch.ones(2), [torch.zeros(1), "text"]), "n": 3,
+             "skip": torch.ones(1), "obj": Movable(), "tup": (torch.ones(1),)}
+    out = send_to_device(batch, cpu, non_blocking=True, skip_keys="skip")
+    assert isinstance(out["pair"], Pair) and out["pair"].label[1] == "text"
+    assert out["skip"] is batch["skip"] and out["n"] == 3 and isinstance(out["tup"], tuple)
+    assert out["obj"].moved_to == cpu
+    assert send_to_device(batch, None) is batch
+    meta = send_to_device({"x": torch.ones(2)}, "meta")
+    assert meta["x"].device.type == "meta"
+
+
+def test_trim_batch() -> None:
+    data = {"pred": Pair(torch.arange(4), torch.ones(4, 2)), "loss": torch.tensor(2.0),
+            "names": ["a", "b", "c", "d"], "other": torch.ones(3)}
+    out = trim_batch(data, 4, 1)
+    assert out["pred"].pred.tolist() == [0] and out["pred"].label.shape == (1, 2)
+    assert out["names"] == ["a"] and out["loss"].item() == 2.0 and out["other"].shape == (3,)
+    assert trim_batch(data, 4, 4) is data
+    assert trim_batch([torch.arange(2), torch.arange(2)], 2, 0)[0].shape == (0,)
+
+
+def test_skip_first_batches_plain_and_prepared() -> None:
+    assert [b.tolist() for b in skip_first_batches(DataLoader(range(7), batch_size=2), 2)] == [
+        [4, 5], [6]]
+    assert [b.tolist() for b in skip_first_batches(DataLoader(Stream(7), batch_size=2), 3)] == [
+        [6]]
+    assert [b for b in skip_first_batches(DataLoader(range(3), batch_size=None), 1)] == [1, 2]
+    dl = _prepared(DataLoader(range(9), batch_size=2, shuffle=True), seed=1)
+    full = _epochs(_prepared(DataLoader(range(9), batch_size=2, shuffle=True), seed=1), 2)
+    view = skip_first_batches(dl, 2)
+    assert len(view) == 3 and view.total_batch_size == 2
+    assert [b.tolist() for b in view] == full[0][2:]
+    assert [b.tolist() for b in dl] == full[1]
+    state = {**dl.state_dict(), "next_skip": 2, "next_epoch": 1}
+    dl.load_state_dict(state)
+    with pytest.raises(ValueError, match="already resumes"):
+        list(skip_first_batches(dl, 1))
+
+
+# -- tracking ------------------------------------------------------------------------------------
+def test_tracker_nested_loops_break_and_end_flag() -> None:
+    tracker = DataTracker()
+    ctx = _ctx()
+    cfg = DataLoaderConfiguration()
+
+    def prep(loader: DataLoader) -> PreparedDataLoader:
+        return prepare_data_loader(loader, ctx=ctx, comm=Communicator(ctx), device=None,
+                                   config=cfg, tracker=tracker, seed=0)
+
+    outer, inner = prep(DataLoader(range(4), batch_size=2)), prep(DataLoader(range(5), batch_size=2))
+    assert prep(outer) is outer
+    seen = []
+    for _ in outer:
+        seen.append(("outer", tracker.active is outer, tracker.end_of_dataloader))
+        for i, _ in enumerate(inner):
+            seen.append(("inner", tracker.active is inner, tracker.end_of_dataloader))
+            if i == 1 and len(seen) < 4:
+                break
+        assert tracker.active is outer
+    assert tracker.active is None and not tracker.end_of_dataloader
+    assert seen == [("outer", True, False), ("inner", True, False), ("inner", True, False),
+                    ("outer", True, True), ("inner", True, False), ("inner", True, False),
+                    ("inner", True, True)]
+    assert inner.current_batch_len == 1 and inner.current_real_len == 1
+    with pytest.raises(ValueError, match="another Accelerator"):
+        prepare_data_loader(outer, ctx=ctx, comm=Communicator(ctx), device=None, config=cfg,
+                            tracker=DataTracker(), seed=0)
+    with pytest.raises(TypeError, match="DataLoader"):
+        prep([1, 2])  # type: ignore[arg-type]
+
+
+def test_already_sharded_loaders_are_left_alone() -> None:
+    ds = list(range(7))
+    per_rank = []
+    for rank in range(2):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=False)
+        dl = _prepared(DataLoader(ds, batch_size=2, sampler=sampler), rank, 2)
+        got = [(b.tolist(), dl.current_real_len, dl.end_of_dataloader) for b in dl]
+        per_rank.append(got)
+    # DistributedSampler pads rank 1 with sample 0; the real count says so
+    assert per_rank[0] == [([0, 2], 2, False), ([4, 6], 2, True)]
+    assert per_rank[1] == [([1, 3], 2, False), ([5, 0], 1, True)]
+    with pytest.raises(ValueError, match="num_replicas=3"):
+        _prepared(DataLoader(ds, sampler=DistributedSampler(ds, num_replicas=3, rank=0)), 0, 2)
+    stream = Stream(5)
+    stream._distributed = type("Cfg", (), {"rank": 1, "world_size": 2})()  # split by node
+    dl = _prepared(DataLoader(stream, batch_size=2), 1, 2)
+    assert [b.tolist() for b in dl] == [[0, 1], [2, 3], [4]]  # not sharded a second time
+    assert stream.epochs == [0]
+
+
+def test_lengths_and_attributes() -> None:
+    dl = _prepared(DataLoader(range(9), batch_size=3, num_workers=0), 1, 2,
+                   even_batches=False)
+    assert len(dl) == 1 and dl.batch_size == 3 and dl.total_batch_size == 6
+    assert dl.total_dataset_length == 9 and dl.num_workers == 0
+    split = _prepared(DataLoader(range(10), batch_size=4), 1, 2, split_batches=True)
+    assert split.batch_size == 2 and split.total_batch_size == 4 and len(split) == 3
+    with pytest.raises(TypeError):
+        len(_prepared(DataLoader(iter_dataset := _NoLen(), batch_size=2)))
+    del iter_dataset
+
+
+class _NoLen(IterableDataset):
+    def __iter__(self) -> Any:
+        return iter(range(3))
+
+
+def test_workers_keep_order_and_bookkeeping() -> None:
+    dl = _prepared(DataLoader(range(30), batch_size=4, num_workers=2, shuffle=True,
+                              persistent_workers=True), 1, 2, seed=9)
+    ref = _prepared(DataLoader(range(30), batch_size=4, shuffle=True), 1, 2, seed=9)
+    for _ in range(2):
+        got = [(b.tolist(), dl.current_real_len) for b in dl]
+        assert got == [(b.tolist(), ref.current_real_len) for b in ref]

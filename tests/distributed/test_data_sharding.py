@@ -1,0 +1,127 @@
+"""Prepared loaders across real processes: one seeded permutation per epoch, workers, breaking
+out of a loop, already-sharded loaders left alone, resume, and ranks that disagree."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, get_worker_info
+
+from tests.spawn import run_workers
+
+
+class WorkerStream(IterableDataset):
+    """Splits itself across DataLoader workers (as well-behaved iterable datasets do)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+def _setup() -> tuple[Any, Any, Any]:
+    from accel.device import select_device
+    from accel.distributed import Communicator, build_context, start_process_group
+    from accel.env import detect_launch
+
+    info = detect_launch()
+    device = select_device(cpu=True)
+    ctx = build_context(info, device)
+    group = start_process_group(ctx, info, device)
+    return ctx, Communicator(ctx), group
+
+
+def _epoch(loader: Any, comm: Any) -> list[int]:
+    """Every rank's gathered real samples of one pass (as gather_for_metrics does)."""
+    out: list[int] = []
+    for batch in loader:
+        out += comm.gather(loader.trim_for_metrics(batch), group=loader.metrics_group).tolist()
+    return out
+
+
+def _sharding_worker(rank: int) -> dict[str, Any]:
+    from accel.config import DataLoaderConfiguration
+    from accel.data import DataTracker, prepare_data_loader
+
+    # tests.spawn starts daemonic children, which may not start DataLoader workers; these
+    # workers are joined by their DataLoader before this function returns. They are forked:
+    # the children's default start method (forkserver) would re-import torch in every worker.
+    multiprocessing.current_process().daemon = False
+    ctx, comm, group = _setup()
+    tracker = DataTracker()
+
+    def prep(loader: DataLoader, seed: int = 3, **cfg: Any) -> Any:
+        return prepare_data_loader(loader, ctx=ctx, comm=comm, device=torch.device("cpu"),
+                                   config=DataLoaderConfiguration(**cfg), tracker=tracker,
+                                   seed=seed)
+
+    out: dict[str, Any] = {"rank": rank, "world": ctx.world_size}
+    # shuffled, with worker processes: every rank's shard of one permutation, new each epoch
+    shuffled = prep(DataLoader(range(50), batch_size=4, shuffle=True, num_workers=2,
+                                multiprocessing_context="fork"))
+    out["mine"] = [[b.tolist() for b in shuffled] for _ in range(2)]
+    # break out of an uneven epoch on every rank, then run whole epochs (subgroup reused)
+    uneven = prep(DataLoader(range(11), batch_size=2), even_batches=False)
+    for i, _ in enumerate(uneven):
+        if i == 0:
+            break
+    out["after_break"] = [_epoch(uneven, comm) for _ in range(2)]
+    out["tracker_idle"] = tracker.active is None
+    # an iterable dataset split across 2 workers: sharded by rank once, nothing lost
+    stream = prep(DataLoader(WorkerStream(37), batch_size=3, num_workers=2,
+                                     multiprocessing_context="fork"), even_batches=False)
+    out["stream"] = sorted(_epoch(stream, comm))
+    # a DistributedSampler built for this job is left alone; its padding is trimmed
+    ds = list(range(13))
+    sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=rank, shuffle=True)
+    out["dist_sampler"] = [sorted(_epoch(prep(DataLoader(ds, batch_size=2, sampler=sampler)),
+                                         comm)) for _ in range(1)]
+    out["dist_epoch_set"] = sampler.epoch
+    # resume mid-epoch from every rank's own state, in a new loader with another seed argument
+    first = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
+    seen: list[int] = []
+    for i, batch in enumerate(first):
+        seen += comm.gather(batch).tolist()
+        if i == 2:
+            state = first.state_dict()
+            break
+    second = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=99)
+    second.load_state_dict(state)
+    rest = _epoch(second, comm)
+    reference = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
+    out["resume"] = (seen + rest == _epoch(reference, comm), len(rest))
+    # ranks that prepare different datasets are told so instead of sharding garbage
+    try:
+        prep(DataLoader(range(10 + rank), batch_size=2))
+        out["mismatch"] = "no error"
+    except ValueError as error:
+        out["mismatch"] = str(error)
+    group.close()
+    return out
+
+
+def test_sharding_across_processes() -> None:
+    world = 3
+    results = run_workers(_sharding_worker, world, timeout=120)
+    for epoch in range(2):
+        rounds = len(results[0]["mine"][epoch])
+        merged = [x for k in range(rounds) for r in results for x in r["mine"][epoch][k]]
+        assert sorted(merged[:50]) == list(range(50))  # the rest are marked duplicates
+        assert len({len(r["mine"][epoch]) for r in results}) == 1  # even batches
+    assert results[0]["mine"][0] != results[0]["mine"][1]
+    # rank 0 always takes part in every gather; ranks without a batch in an uneven last round
+    # miss that round's gather only
+    assert results[0]["after_break"] == [list(range(11))] * 2
+    assert results[0]["stream"] == list(range(37))
+    for r in results:
+        assert all(got == list(range(11))[:len(got)] for got in r["after_break"])
+        assert r["tracker_idle"]
+        assert set(r["stream"]) <= set(range(37))
+        assert r["dist_sampler"] == [list(range(13))] and r["dist_epoch_set"] == 0
+        assert r["resume"] == (True, 2 * world * 2)
+        assert "different data loaders" in r["mismatch"] and "rank 1" in r["mismatch"]
