@@ -5,7 +5,9 @@ with both, side by side in one run, alternating which goes first; medians over r
 
 accel's save includes what makes it safe: sha256 of every byte, fsync of every file and
 directory, manifest, atomic rename. Its load verifies every file's sha256 before parsing.
-``torch.save + fsync`` is shown too, as the like-for-like durability baseline.
+``torch.save + fsync`` is shown too, as the like-for-like durability baseline, and the time to
+sha256 the same bytes on one core, the floor for any verified format. Wall and CPU seconds
+(all threads) are printed: on a busy machine, wall times of the threaded paths suffer most.
 
 Run:  python benchmarks/bench_checkpoint.py [--mb 100] [--repeats 5] [--dir /tmp]
 """
@@ -13,6 +15,7 @@ Run:  python benchmarks/bench_checkpoint.py [--mb 100] [--repeats 5] [--dir /tmp
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -69,10 +72,18 @@ def _torch_save(state: dict[str, Any], target: Path, sync: bool) -> None:
         _fsync(target.parent)
 
 
-def _time(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+def _time(fn: Callable[[], Any], cpu: list[float]) -> float:
+    start, start_cpu = time.perf_counter(), time.process_time()
     fn()
+    cpu.append(time.process_time() - start_cpu)  # all threads of this process
     return time.perf_counter() - start
+
+
+def _sha256(state: dict[str, Any]) -> None:
+    sha = hashlib.sha256()
+    for tensor in [*state["model"].values(), *(v for s in state["optimizer"]["state"].values()
+                                               for v in s.values())]:
+        sha.update(memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()))
 
 
 def _remove(path: Path) -> None:
@@ -82,25 +93,33 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _run(state: dict[str, Any], work: Path, repeats: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {k: [] for k in
-                                     ("torch.save", "torch.save+fsync", "accel save",
-                                      "torch.load", "accel load")}
+_KEYS = ("torch.save", "torch.save+fsync", "accel save", "torch.load", "accel load", "sha256")
+
+
+def _run(state: dict[str, Any], work: Path, repeats: int) -> tuple[dict[str, list[float]],
+                                                                   dict[str, list[float]]]:
+    times: dict[str, list[float]] = {k: [] for k in _KEYS}
+    cpu: dict[str, list[float]] = {k: [] for k in _KEYS}
     for i in range(repeats):
         pt, ours = work / f"state_{i}.pt", work / f"checkpoint_{i}"
         order = [0, 1] if i % 2 == 0 else [1, 0]
         for which in order:
             if which == 0:
-                times["torch.save"].append(_time(lambda: _torch_save(state, pt, False)))
+                times["torch.save"].append(_time(lambda: _torch_save(state, pt, False),
+                                                 cpu["torch.save"]))
                 _remove(pt)
-                times["torch.save+fsync"].append(_time(lambda: _torch_save(state, pt, True)))
-                times["torch.load"].append(_time(lambda: torch.load(pt, weights_only=True)))
+                times["torch.save+fsync"].append(_time(lambda: _torch_save(state, pt, True),
+                                                       cpu["torch.save+fsync"]))
+                times["torch.load"].append(_time(lambda: torch.load(pt, weights_only=True),
+                                                 cpu["torch.load"]))
             else:
-                times["accel save"].append(_time(lambda: _accel_save(state, ours)))
-                times["accel load"].append(_time(lambda: _accel_load(ours)))
+                times["accel save"].append(_time(lambda: _accel_save(state, ours),
+                                                 cpu["accel save"]))
+                times["accel load"].append(_time(lambda: _accel_load(ours), cpu["accel load"]))
+        times["sha256"].append(_time(lambda: _sha256(state), cpu["sha256"]))
         _remove(pt)
         _remove(ours)
-    return times
+    return times, cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,25 +130,29 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     state, nbytes = _state(args.mb)
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
+    load_before = os.getloadavg()[0]
     try:
         _run(state, work, 1)  # warm-up: allocator, page cache, lazy imports
-        times = _run(state, work, args.repeats)
+        times, cpu = _run(state, work, args.repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     mbs = {k: nbytes / 1e6 / v for k, v in med.items()}
     print(f"state: {nbytes / 1e6:.0f} MB (model + Adam), torch {torch.__version__}, "
-          f"{args.repeats} repeats, medians, dir {args.dir or tempfile.gettempdir()}")
-    print(f"{'operation':<34}{'seconds':>9}{'MB/s':>9}{'accel/torch':>13}")
+          f"{args.repeats} repeats, medians, dir {args.dir or tempfile.gettempdir()}, "
+          f"{os.cpu_count()} CPUs, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(f"{'operation':<38}{'wall s':>8}{'cpu s':>8}{'MB/s':>8}{'accel/torch':>13}")
     rows = [("save  torch.save (no fsync)", "torch.save", None),
             ("save  torch.save + fsync", "torch.save+fsync", None),
             ("save  accel (sha256+fsync+manifest)", "accel save", "torch.save"),
             ("  ... vs torch.save + fsync", "accel save", "torch.save+fsync"),
             ("load  torch.load(weights_only=True)", "torch.load", None),
-            ("load  accel (sha256 verified)", "accel load", "torch.load")]
+            ("load  accel (sha256 verified)", "accel load", "torch.load"),
+            ("floor: sha256 of the bytes, one core", "sha256", None)]
     for label, key, base in rows:
         ratio = f"{mbs[key] / mbs[base]:.2f}x" if base else ""
-        print(f"{label:<34}{med[key]:>9.3f}{mbs[key]:>9.0f}{ratio:>13}")
+        print(f"{label:<38}{med[key]:>8.3f}{med_cpu[key]:>8.3f}{mbs[key]:>8.0f}{ratio:>13}")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ class _Hasher:
         self._sha = hashlib.sha256()
         self._queue: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def update(self, view: memoryview) -> None:
         if self._thread is None:
@@ -88,7 +89,11 @@ class _Hasher:
 
     def _run(self) -> None:
         while (view := self._queue.get()) is not None:
-            self._sha.update(view)
+            if self._error is None:
+                try:
+                    self._sha.update(view)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller in hexdigest
+                    self._error = exc
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -98,6 +103,8 @@ class _Hasher:
 
     def hexdigest(self) -> str:
         self.stop()
+        if self._error is not None:
+            raise RuntimeError(f"hashing failed: {self._error!r}") from self._error
         return self._sha.hexdigest()
 
 
@@ -110,7 +117,9 @@ class _NoHasher(_Hasher):
 
 
 class HashingWriter:
-    """Write a new file (never overwrites), hashing every byte; ``close()`` fsyncs it.
+    """Write a new file (never overwrites), hashing every byte unless ``hashing=False``.
+
+    ``close()`` fsyncs the file and returns its record.
 
     Used as a context manager, a failure inside the block removes the partial file.
     """

@@ -31,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -301,14 +302,28 @@ class CheckpointWriter:
         try:
             mine = self.wait()
         finally:
-            self._pool.shutdown()
+            self.close()
         return finalize(self.tmpdir, self.target, step=step, world_size=world_size, meta=meta,
                         records={**(records or {}), **mine})
+
+    def close(self) -> None:
+        """Wait for the writing threads to finish and release them (ranks other than 0)."""
+        self._pool.shutdown(wait=True)
 
     def abort(self) -> None:
         """Stop writing and remove the temporary directory (after a failed save)."""
         for future in self._pending.values():
             future.cancel()
-        self._pool.shutdown(wait=True)
+        self.close()
         if self.tmpdir.exists():
             shutil.rmtree(self.tmpdir)
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()

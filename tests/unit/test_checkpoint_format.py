@@ -280,3 +280,16 @@ def test_reader_prefetch_reads_the_same_and_reports_corruption_on_access(tmp_pat
     reader = CheckpointReader(ckpt, prefetch=["optimizer"])
     with pytest.raises(CheckpointError, match="optimizer.safetensors is corrupt"):
         reader.state("optimizer")
+
+
+def test_writer_as_context_manager_cleans_up_on_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        with CheckpointWriter(tmp_path / "c") as writer:
+            writer.write_tensors("m.safetensors", {"w": torch.ones(1000)})
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+    with CheckpointWriter(tmp_path / "c", token="t1") as writer:  # a rank other than 0
+        writer.write_state("rank_1/rng", {"torch": torch.get_rng_state()})
+        records = writer.wait()
+    assert sorted(records) == ["rank_1/rng.json", "rank_1/rng.safetensors"]
+    assert (tmp_path / ".tmp-c-t1" / "rank_1" / "rng.safetensors").is_file()
