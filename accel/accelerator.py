@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -29,7 +30,7 @@ from .logging import main_print
 from .memory import release_memory
 from .progress import tqdm as _tqdm
 from .accumulation import AccumulationState
-from .checkpoint import files as _ckpt_files
+from .checkpoint import files as _ckpt_files, naming as _ckpt_naming
 from .checkpoint.state import StateObjects, load_accelerator_state, save_accelerator_state
 from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
                      GradientAccumulationPlugin, KwargsHandler, PrecisionType,
@@ -38,6 +39,7 @@ from .data import DataTracker, PreparedDataLoader, prepare_data_loader, send_to_
 from .device import select_device
 from .distributed import Communicator, build_context, start_process_group
 from .distributed.debug import consistency_check
+from .distributed.stall import CollectiveMonitor
 from .distributed.sync import leader_first, split_for_rank
 from .precision import check_trainable_dtypes, make_precision
 from .settings import (UNSUPPORTED_ARGUMENTS, resolve_accumulation, resolve_precision,
@@ -137,7 +139,11 @@ class Accelerator:
                                           init.backend if init else None,
                                           init.init_method if init else None)
         self.timeout = self._group.timeout
-        self._comm = Communicator(self.state, [consistency_check] if settings.debug else [])
+        self._monitor = CollectiveMonitor(self.state.rank, self.state.world_size,
+                                          self._group.store(), settings.stall_seconds,
+                                          self.timeout)
+        self._comm = Communicator(self.state, [self._monitor] + ([consistency_check]
+                                                                 if settings.debug else []))
         self._precision = make_precision(self._precision_mode, self.state.device,
                                          self._autocast_kwargs, handlers.scaler,
                                          device_kind.supports_bf16())
@@ -467,6 +473,20 @@ class Accelerator:
         """Barrier across all ranks."""
         self._comm.barrier()
 
+    def on_signal(self, handler: Callable[[int], None],
+                  signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        """On SIGTERM/SIGINT run ``handler(signum)`` once on every rank at the same point, then exit.
+
+        The point is the next ``check_signal()`` or collective through accel that no rank has
+        passed yet, so ``handler`` may call ``save_state()``. Call on every rank, e.g.
+        ``accelerator.on_signal(lambda signum: accelerator.save_state())``.
+        """
+        self._monitor.on_signal(handler, signals)
+
+    def check_signal(self) -> None:
+        """A cheap sync point (no communication) for ``on_signal``; call it once per step."""
+        self._monitor.point()
+
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
         """Run the block on the main process first (others wait without a timeout)."""
@@ -610,8 +630,16 @@ class Accelerator:
             self.unwrap_model)
         return str(path)
 
-    def load_state(self, input_dir: str | None = None, strict: bool = True) -> str:
-        """Restore a checkpoint; without ``input_dir`` the newest complete one."""
+    def load_state(self, input_dir: str | None = None, strict: bool = True,
+                   missing_ok: bool = False) -> str | None:
+        """Restore a checkpoint; without ``input_dir`` the newest complete one.
+
+        ``missing_ok=True`` (without ``input_dir``) returns None when no complete checkpoint
+        exists yet: ``accelerator.load_state(missing_ok=True)`` at the top of a script resumes
+        after ``accel launch --max_restarts N`` restarted it, and starts fresh otherwise.
+        """
+        if missing_ok and input_dir is None and not self._has_checkpoint():
+            return None
         path, manifest = load_accelerator_state(
             self._comm, self._state_objects(), input_dir,
             self.project_configuration.project_dir, strict, self.unwrap_model)
@@ -620,6 +648,16 @@ class Accelerator:
             opt.steps_taken = int(manifest.meta.get("optimizer_steps", 0))
         self._loaded_dir = path
         return str(path)
+
+    def _has_checkpoint(self) -> bool:
+        """Whether rank 0 sees a complete checkpoint under project_dir (agreed by all ranks)."""
+        root = self.project_configuration.project_dir
+        if root is None:
+            return True  # load_state then raises its "needs project_dir" error
+        found: list[Any] = [None]
+        if self.is_main_process:
+            found = [_ckpt_naming.latest_complete(_ckpt_naming.checkpoints_root(root)) is not None]
+        return bool(self._comm.broadcast_object_list(found)[0])
 
     def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
         """Save a state dict or module as safetensors (main process only, atomic)."""
@@ -655,6 +693,7 @@ class Accelerator:
         """Finish trackers and end the process group accel started."""
         self._trackers.end_training()
         self.wait_for_everyone()
+        self._monitor.close()
         self._group.close()
 
 

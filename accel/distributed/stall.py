@@ -1,0 +1,316 @@
+"""Stall reports and signal handlers agreed across ranks, through the c10d store.
+
+``CollectiveMonitor`` is a ``Communicator`` hook. Before every collective issued through accel it
+publishes this rank's position (sequence number, op, and the user's call site ``file:line``) with
+one ``store.set`` of a short string (TCPStore sets are fire-and-forget: a few microseconds). A
+daemon thread per monitor (started once, reused) notices a collective still pending after the
+threshold, reads every rank's position from the store - never through the blocked collective -
+and prints ONE report per stall on stderr: which ranks arrived at which op, and where the others
+are. The process-group timeout then ends the job.
+
+The same sequence of "sync points" (collectives, plus ``point()`` calls) lets a signal handler
+run on every rank at the same point: see ``on_signal``.
+
+Example:
+    >>> monitor = CollectiveMonitor(rank=0, world_size=1, store=None)
+    >>> with monitor("barrier", ()):
+    ...     pass
+    >>> monitor.points
+    1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from types import FrameType
+from typing import TextIO
+
+import torch
+import torch.distributed as dist
+
+from .stall_report import Position, format_stall_report
+
+__all__ = ["DEFAULT_STALL_SECONDS", "CollectiveMonitor", "call_site", "read_positions"]
+
+DEFAULT_STALL_SECONDS = 60.0
+_PREFIX = "accel/stall/"
+_REQUEST = "accel/signal/request"
+_SEEN = "accel/signal/seen/"
+#: How long ranks wait for each other to agree on where to run a signal handler (seconds).
+_AGREE_SECONDS = 60.0
+
+_SKIP_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+              os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+_SKIP_FILES = frozenset(os.path.abspath(m.__file__) for m in (contextlib, functools, threading)
+                        if m.__file__)
+
+
+def call_site(frame: FrameType | None = None) -> str:
+    """``file:line`` of the innermost frame outside accel, torch and contextlib/functools."""
+    frame = frame if frame is not None else sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_SKIP_DIRS) and name not in _SKIP_FILES:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+class _Scope:
+    """Context manager of one collective (tiny: the hook runs around every collective)."""
+
+    __slots__ = ("monitor", "op")
+
+    def __init__(self, monitor: CollectiveMonitor, op: str) -> None:
+        self.monitor, self.op = monitor, op
+
+    def __enter__(self) -> None:
+        self.monitor._enter(self.op)
+
+    def __exit__(self, *exc: object) -> None:
+        self.monitor._exit()
+
+
+class CollectiveMonitor:
+    """Publishes this rank's position before each collective; reports stalls; runs signal handlers.
+
+    Args:
+        rank, world_size: this process's place in the job.
+        store: the c10d store of the default group (``None`` at world size 1).
+        threshold: seconds a collective may wait before the stall report (default 60; capped
+            at half the timeout unless given explicitly).
+        timeout: the process-group timeout, quoted in the report.
+        stream: where reports go (default ``sys.stderr``).
+    """
+
+    def __init__(self, rank: int, world_size: int, store: dist.Store | None,
+                 threshold: float | None = None, timeout: timedelta | None = None,
+                 stream: TextIO | None = None) -> None:
+        self.rank, self.world_size, self._store = rank, world_size, store
+        seconds = timeout.total_seconds() if timeout else None
+        if threshold is None:
+            threshold = DEFAULT_STALL_SECONDS if seconds is None else \
+                min(DEFAULT_STALL_SECONDS, seconds / 2)
+        self.threshold = float(threshold)
+        self.timeout = seconds
+        self._stream = stream
+        self._key = f"{_PREFIX}{rank}"
+        self.points = 0  # sync points passed (collectives at depth 1 and point() calls)
+        self._depth = 0
+        self._last: tuple[int, str, str] = (0, "start", "")
+        self._pending: tuple[int, str, str, float] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._period = max(0.05, min(0.5, self.threshold / 4))
+        # signal agreement (see on_signal); _lock guards points/_requested/_agreed
+        self._lock = threading.Lock()
+        self._agreed_cv = threading.Condition(self._lock)
+        self._handler: Callable[[int], None] | None = None
+        self._local_signal: int | None = None
+        self._requested: int | None = None
+        self._agreed: int | None = None
+        self._handling = False
+        self._publish(0, "start", call_site(sys._getframe(1)))
+
+    # -- the hook --------------------------------------------------------------------------
+    def __call__(self, op: str, leaves: Sequence[torch.Tensor]) -> _Scope:
+        return _Scope(self, op)
+
+    def _enter(self, op: str) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            seq = self._point()
+        else:  # collectives inside a signal handler: counted, never a new agreement
+            self.points += 1
+            seq = self.points
+        site = call_site(sys._getframe(2))
+        self._publish(seq, op, site)
+        self._pending = (seq, op, site, time.monotonic())
+        if self._thread is None and self._store is not None:
+            self._start_thread()
+
+    def _exit(self) -> None:
+        self._depth -= 1
+        pending = self._pending
+        if pending is not None:
+            self._last = pending[:3]
+        self._pending = None
+
+    def _publish(self, seq: int, op: str, site: str) -> None:
+        if self._store is None:
+            return
+        try:
+            # Position.encode's format, inlined: this runs before every collective.
+            self._store.set(self._key, f"{seq}|{time.time():.3f}|{op}|{site}")
+        except RuntimeError as exc:  # the store is gone: the job is ending; stop publishing
+            self._store = None
+            self._say(f"stall reports disabled, the c10d store is unreachable: {exc}")
+
+    # -- sync points and signals -----------------------------------------------------------
+    def point(self) -> None:
+        """A sync point outside any collective (``Accelerator.check_signal``): call on all ranks."""
+        if self._depth == 0:
+            self._point()
+
+    def _point(self) -> int:
+        if self._handler is None or self._handling:
+            self.points += 1
+            return self.points
+        with self._lock:
+            if self._requested is None and self._local_signal is None:
+                self.points += 1
+                return self.points
+        return self._slow_point()
+
+    def on_signal(self, handler: Callable[[int], None],
+                  signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        """Run ``handler(signum)`` once on every rank at the same sync point, then exit.
+
+        When any rank receives one of ``signals``, every rank stops at the next sync point that
+        no rank has reached yet (a collective issued through accel, or ``point()``), all call
+        ``handler(signum)`` there - so collectives such as ``save_state`` work inside it - and
+        then raise ``SystemExit(128 + signum)``. Must be called on every rank, in the main thread.
+        """
+        if not callable(handler):
+            raise TypeError(f"on_signal() needs a callable handler(signum), got {handler!r}")
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("on_signal() must be called from the main thread (Python only "
+                               "delivers signals there)")
+        for sig in signals:
+            signal.signal(sig, self._on_os_signal)
+        self._handler = handler
+        if self._store is not None and self._thread is None:
+            self._start_thread()
+
+    def _on_os_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs between two bytecodes of the main thread: only set a flag (no locks, no I/O).
+        if self._local_signal is None:
+            self._local_signal = signum
+
+    def _request(self, signum: int, store: dist.Store | None) -> None:
+        """Freeze this rank's point count and publish it (once); used by both threads."""
+        with self._lock:
+            if self._requested is not None:
+                return
+            self._requested = signum
+            entered = self.points
+            if store is None:  # one process: stop at the very next point
+                self._agreed = entered + 1
+                self._agreed_cv.notify_all()
+                return
+        store.compare_set(_REQUEST, "", str(signum))
+        store.set(f"{_SEEN}{self.rank}", str(entered))
+
+    def _slow_point(self) -> int:
+        if self._requested is None:
+            self._request(int(self._local_signal or signal.SIGTERM), self._store)
+        deadline = time.monotonic() + _AGREE_SECONDS
+        with self._agreed_cv:
+            while self._agreed is None and time.monotonic() < deadline:
+                self._agreed_cv.wait(min(self._period, max(deadline - time.monotonic(), 0.0)))
+            agreed = self._agreed
+            self.points += 1
+            here = self.points
+        signum = int(self._requested or signal.SIGTERM)
+        name = signal.Signals(signum).name
+        if agreed is None:
+            self._say(f"{name} received but the ranks could not agree on a point to run the "
+                      f"on_signal handler within {_AGREE_SECONDS:.0f} s; exiting without it")
+            raise SystemExit(128 + signum)
+        if here < agreed:
+            return here
+        if here > agreed:  # cannot happen when every rank runs the same sync points
+            raise RuntimeError(f"rank {self.rank} passed sync point #{agreed} chosen for the "
+                               f"{name} handler (now at #{here}); ranks ran different collectives")
+        self._run_handler(signum, name, here)
+        return here
+
+    def _run_handler(self, signum: int, name: str, here: int) -> None:
+        self._say(f"{name} received: running the on_signal handler at sync point #{here} "
+                  f"(agreed by all {self.world_size} rank(s))")
+        self._handling = True
+        try:
+            self._handler(signum)  # type: ignore[misc]
+        finally:
+            self._handling = False
+        self._say(f"on_signal handler done; exiting with {128 + signum}")
+        raise SystemExit(128 + signum)
+
+    # -- the watchdog thread ---------------------------------------------------------------
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name=f"accel-monitor-{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        assert self._store is not None
+        try:
+            store = self._store.clone()  # its own connection: never waits on the main thread
+        except RuntimeError:
+            store = self._store
+        reported = -1
+        while not self._stop.wait(self._period):
+            try:
+                pending = self._pending
+                if pending is not None and pending[0] != reported and \
+                        time.monotonic() - pending[3] >= self.threshold:
+                    reported = pending[0]
+                    self._report(store, pending)
+                if self._handler is not None and self._agreed is None:
+                    self._agree(store)
+            except RuntimeError as exc:  # the store went away: the job is over
+                if not self._stop.is_set():
+                    self._say(f"monitor stopped, the c10d store is unreachable: {exc}")
+                return
+
+    def _agree(self, store: dist.Store) -> None:
+        if self._requested is None:
+            local = self._local_signal
+            if local is None and store.check([_REQUEST]):
+                local = int(store.get(_REQUEST))
+            if local is None:
+                return
+            self._request(local, store)
+        keys = [f"{_SEEN}{r}" for r in range(self.world_size)]
+        if not store.check(keys):
+            return
+        agreed = max(int(v) for v in store.multi_get(keys)) + 1
+        with self._agreed_cv:
+            self._agreed = agreed
+            self._agreed_cv.notify_all()
+
+    def _report(self, store: dist.Store, pending: tuple[int, str, str, float]) -> None:
+        seq, op, site, started = pending
+        if store.add(f"{_PREFIX}report/{seq}", 1) != 1:
+            return  # another waiting rank printed this stall already
+        positions = read_positions(store, self.world_size)
+        mine = Position(self.rank, seq, op, site, time.time() - (time.monotonic() - started))
+        text = format_stall_report(mine, positions, time.time(), self.timeout, self.threshold)
+        print(text, file=self._stream or sys.stderr, flush=True)
+
+    def _say(self, message: str) -> None:
+        print(f"[accel] rank {self.rank}: {message}", file=self._stream or sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Stop the watchdog thread (the process group is about to end)."""
+        self._stop.set()
+
+
+def read_positions(store: dist.Store, world_size: int) -> list[Position | None]:
+    """Every rank's last published position (``None`` for a rank that published nothing)."""
+    keys = [f"{_PREFIX}{r}" for r in range(world_size)]
+    if store.check(keys):
+        raw = store.multi_get(keys)
+    else:
+        raw = [store.get(k) if store.check([k]) else None for k in keys]
+    return [Position.decode(r, value) if value is not None else None
+            for r, value in enumerate(raw)]
+
