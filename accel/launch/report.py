@@ -30,6 +30,8 @@ __all__ = ["Failure", "failure_from_error_data", "format_failure_report", "root_
            "user_traceback", "write_error_file"]
 
 _RULE = "=" * 72
+#: What torchelastic puts in ``error_file_data`` when a worker wrote no error file.
+_NO_ERROR_FILE = "<NONE>"
 #: Messages of errors that are usually a consequence of another rank's failure.
 _PEER_PATTERNS = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "distbackenderror",
@@ -127,7 +129,7 @@ def failure_from_error_data(rank: int, local_rank: int, pid: int, exitcode: int,
                        str(message.get("message", "")),
                        str(info.get("py_callstack") or message.get("message", "")),
                        int(stamp or fallback_time_ns))
-    if isinstance(message, str) and message:
+    if isinstance(message, str) and message and message != _NO_ERROR_FILE:
         return Failure(rank, local_rank, pid, exitcode, socket.gethostname(), message, message,
                        fallback_time_ns)
     text = (f"killed by {signal.Signals(-exitcode).name}" if exitcode < 0 and
@@ -137,8 +139,13 @@ def failure_from_error_data(rank: int, local_rank: int, pid: int, exitcode: int,
 
 
 def root_failure(failures: Sequence[Failure]) -> Failure:
-    """The root cause: the earliest real error; peer-loss errors and signals rank after it."""
-    return min(failures, key=lambda f: (f.secondary, f.traceback is None, f.time_ns, f.rank))
+    """The root cause: the earliest real error; peer-loss errors and signals rank after it.
+
+    Among workers without a traceback, one killed by SIGTERM (what the agent sends to stop the
+    others) ranks after one that died some other way (SIGKILL by the OOM killer, SIGSEGV, ...).
+    """
+    return min(failures, key=lambda f: (f.secondary, f.traceback is None,
+                                        f.exitcode == -int(signal.SIGTERM), f.time_ns, f.rank))
 
 
 def format_failure_report(failures: Sequence[Failure], name: str = "") -> str:
