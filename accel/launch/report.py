@@ -144,8 +144,14 @@ def root_failure(failures: Sequence[Failure]) -> Failure:
     Among workers without a traceback, one killed by SIGTERM (what the agent sends to stop the
     others) ranks after one that died some other way (SIGKILL by the OOM killer, SIGSEGV, ...).
     """
-    return min(failures, key=lambda f: (f.secondary, f.traceback is None,
-                                        f.exitcode == -int(signal.SIGTERM), f.time_ns, f.rank))
+    def category(f: Failure) -> int:
+        if not f.secondary:
+            return 0  # a real error with a traceback
+        if f.traceback is None and f.exitcode != -int(signal.SIGTERM):
+            return 1  # died on its own without Python: SIGKILL, SIGSEGV, os._exit(n)
+        return 2 if f.traceback is not None else 3  # lost a peer; stopped by the agent
+
+    return min(failures, key=lambda f: (category(f), f.time_ns, f.rank))
 
 
 def format_failure_report(failures: Sequence[Failure], name: str = "") -> str:
