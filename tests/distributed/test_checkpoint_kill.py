@@ -26,7 +26,7 @@ from tests.spawn import run_workers
 _NUMEL = 2_500_000  # 10 MB per tensor file: one save takes ~0.1 s on a 2-core machine
 
 
-def _save_loop(root: str, ready: Any) -> None:
+def _save_loop(root: str, ready: Any, saved: Any) -> None:
     """Child: write checkpoints forever (resuming the step count), rotating to two."""
     root_path = Path(root)
     latest = latest_complete(root_path)
@@ -42,13 +42,18 @@ def _save_loop(root: str, ready: Any) -> None:
         writer.write_state("rng/rank_0", {"python": random.getstate(), "step": step})
         writer.write_json("loader/rank_0.json", {"step": step})
         writer.finalize(step=step, world_size=1, meta={"step": step})
+        with saved.get_lock():
+            saved.value += 1
         rotate(root_path, total_limit=2)
 
 
-def _check_latest(root: Path) -> int:
+def _check_latest(root: Path, verified: set[tuple[str, int]]) -> int:
     visible = [p for p in root.iterdir() if not p.name.startswith(".")]
     for path in visible:  # no visible name is ever an incomplete checkpoint
-        verify(path)
+        key = (path.name, read_manifest(path).step)
+        if key not in verified:  # checkpoints are immutable: hash each one once
+            verify(path)
+            verified.add(key)
     latest = latest_complete(root)
     if latest is None:
         assert visible == [], visible
@@ -73,17 +78,24 @@ def test_sigkill_at_random_moments_never_leaves_a_bad_latest(tmp_path: Path) -> 
     rng = random.Random(20261122)
     killed_mid_save = 0
     previous = 0
-    for _trial in range(30):
+    saved = ctx.Value("i", 0)
+    verified: set[tuple[str, int]] = set()
+    for trial in range(30):
         ready = ctx.Event()
-        proc = ctx.Process(target=_save_loop, args=(str(root), ready), daemon=True)
+        proc = ctx.Process(target=_save_loop, args=(str(root), ready, saved), daemon=True)
         proc.start()
         assert ready.wait(60), "the save loop did not start"
+        if trial == 0:  # one save completes before the first kill, however slow the machine
+            deadline = time.monotonic() + 60
+            while saved.value == 0 and time.monotonic() < deadline and proc.is_alive():
+                time.sleep(0.01)
+            assert saved.value > 0, "the first save did not complete within 60 s"
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
         assert proc.exitcode == -signal.SIGKILL
         killed_mid_save += any(p.name.startswith((".tmp-", ".old-")) for p in root.iterdir())
-        step = _check_latest(root)
+        step = _check_latest(root, verified)
         assert step >= previous, f"latest went back from step {previous} to {step}"
         previous = step
     assert previous > 0, "no save ever completed: the drill tested nothing"
