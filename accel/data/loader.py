@@ -299,7 +299,7 @@ def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
                 f"the DataLoader's DistributedSampler has num_replicas={sampler.num_replicas}, "
                 f"rank={sampler.rank} but this process is rank {rank} of {world}; remove the "
                 "DistributedSampler (prepare() shards the data itself) or build it for this job")
-        return PassthroughSource(loader, sampler=sampler)
+        return PassthroughSource(loader, world=world, sampler=sampler)
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
         split_by_node = getattr(dataset, "_distributed", None)
@@ -307,7 +307,7 @@ def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
             if getattr(split_by_node, "world_size", world) != world:
                 raise ValueError(f"the dataset was split for {split_by_node.world_size} "
                                  f"processes but this job has {world}")
-            return PassthroughSource(loader, sampler=None)
+            return PassthroughSource(loader, world=world, sampler=None)
         return IterableSource(loader, rank=rank, world=world, even=config.even_batches,
                               split=config.split_batches)
     return MapSource(loader, rank=rank, world=world, even=config.even_batches,
@@ -336,7 +336,7 @@ class _SkippedLoader:
     def __iter__(self) -> Iterator[Any]:
         if isinstance(self.loader, PreparedDataLoader):
             return self.loader._iterate(self.num_batches)
-        iterator = iter(self.loader)
+        iterator: Iterator[Any] = iter(self.loader)
         for _ in range(self.num_batches):
             if next(iterator, _END) is _END:
                 return iter(())

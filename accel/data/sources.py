@@ -102,7 +102,12 @@ class _Source:
             if isinstance(target, SeedableSampler):
                 target.seed = int(seed)
 
+    def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
+        """``(batch, step)`` pairs of one pass, after ``skip`` batches of this rank."""
+        raise NotImplementedError
+
     def num_rounds(self) -> int:
+        """Rounds per epoch, the same on every rank (``TypeError`` when unknown)."""
         return len(self)
 
     def __len__(self) -> int:
@@ -187,13 +192,12 @@ class IterableSource(_Source):
         self.dataset = loader.dataset
         nominal = loader.batch_size
         self.split = split and world > 1
+        chunk: int | None = nominal
         if self.split:
             if nominal is None:
                 raise ValueError("split_batches=True needs a DataLoader with a batch_size; got "
                                  "batch_size=None (the dataset yields whole batches)")
             chunk = MapSource._split_size(nominal, world)
-        else:
-            chunk = nominal
         self.chunk = chunk
         self.batch_size = chunk
         self.total_batch_size = None if nominal is None else (nominal if self.split
@@ -206,9 +210,9 @@ class IterableSource(_Source):
     def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
         del epoch  # the dataset's own set_epoch has been called
         chunks = (((batch,), count) for batch, count in self.loader)
+        whole = (self.chunk or 1) * self.world  # samples in a complete split batch
         rounds = ChunkRounds(chunks, world=self.world, rank=self.rank, keep_padding=self.even,
-                             drop_below=self.chunk * self.world
-                             if self.split and self.drop_last else None)
+                             drop_below=whole if self.split and self.drop_last else None)
         pad = rounds.pad if self.even else None
         for step in rank_steps(rounds, rank=self.rank, world=self.world, pad=pad, skip=skip):
             yield (None if step.payload is None else step.payload[0]), step
@@ -216,13 +220,12 @@ class IterableSource(_Source):
     def _counts(self) -> tuple[int, int]:
         """(rounds per epoch, batches of this rank) from the dataset's length."""
         n = len(self.dataset)  # type: ignore[arg-type]
-        world, rank = self.world, self.rank
+        world, rank, size = self.world, self.rank, self.chunk or 1
         if self.split:
-            full, rest = divmod(n, self.chunk * world)
+            full, rest = divmod(n, size * world)
             if self.drop_last or not rest:
                 return full, full
-            return full + 1, full + (self.even or rank * self.chunk < rest)
-        size = self.chunk or 1
+            return full + 1, full + (self.even or rank * size < rest)
         chunks = n // size if self.drop_last and self.batched else -(-n // size)
         rounds = -(-chunks // world)
         return rounds, rounds if self.even else chunks // world + (rank < chunks % world)
@@ -237,17 +240,18 @@ class IterableSource(_Source):
 class PassthroughSource(_Source):
     """A loader that is already sharded by rank: only tracking (and real counts) are added."""
 
-    def __init__(self, loader: DataLoader[Any], *, sampler: DistributedSampler[Any] | None
-                 ) -> None:
+    def __init__(self, loader: DataLoader[Any], *, world: int,
+                 sampler: DistributedSampler[Any] | None) -> None:
         self.loader = loader
         self.sampler = sampler
         self.batch_size = loader.batch_size
-        world = sampler.num_replicas if sampler is not None else 1
         self.total_batch_size = None if loader.batch_size is None else loader.batch_size * world
         self.epoch_targets = [t for t in (loader.sampler, loader.batch_sampler, loader.dataset)
                               if t is not None and hasattr(t, "set_epoch")]
-        exact = sampler is not None and type(loader.batch_sampler) is BatchSampler
-        self._positions = exact and loader.batch_sampler.sampler is sampler  # type: ignore[union-attr]
+        batch_sampler = loader.batch_sampler
+        # Real counts follow from positions when a plain BatchSampler reads the sampler.
+        self._positions = (sampler is not None and type(batch_sampler) is BatchSampler
+                           and getattr(batch_sampler, "sampler", None) is sampler)
 
     def _step(self, index: int, batch: Any, last: bool) -> Step:
         if not self._positions:
@@ -257,8 +261,11 @@ class PassthroughSource(_Source):
         assert sampler is not None
         start = index * size
         length = min(size, sampler.num_samples - start)
+        # DistributedSampler pads at the end: position p of this rank is global position
+        # rank + p * replicas, real while that is below the dataset length.
+        total = len(sampler.dataset)  # type: ignore[arg-type]
         real_total = (sampler.num_samples if sampler.drop_last else
-                      max(0, -(-(len(sampler.dataset) - sampler.rank) // sampler.num_replicas)))
+                      max(0, -(-(total - sampler.rank) // sampler.num_replicas)))
         return Step(index, length, max(0, min(length, real_total - start)), last)
 
     def steps(self, epoch: int, skip: int) -> Iterator[Pair]:

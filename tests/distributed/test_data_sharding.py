@@ -44,6 +44,22 @@ def _epoch(loader: Any, comm: Any) -> list[int]:
     return out
 
 
+def _resume(prep: Any, comm: Any) -> tuple[bool, int]:
+    """Resume mid-epoch from every rank's own state, in a new loader with another seed."""
+    first = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
+    seen: list[int] = []
+    for i, batch in enumerate(first):
+        seen += comm.gather(batch).tolist()
+        if i == 2:
+            state = first.state_dict()
+            break
+    second = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=99)
+    second.load_state_dict(state)
+    rest = _epoch(second, comm)
+    reference = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
+    return seen + rest == _epoch(reference, comm), len(rest)
+
+
 def _sharding_worker(rank: int) -> dict[str, Any]:
     from accel.config import DataLoaderConfiguration
     from accel.data import DataTracker, prepare_data_loader
@@ -82,19 +98,7 @@ def _sharding_worker(rank: int) -> dict[str, Any]:
     out["dist_sampler"] = [sorted(_epoch(prep(DataLoader(ds, batch_size=2, sampler=sampler)),
                                          comm)) for _ in range(1)]
     out["dist_epoch_set"] = sampler.epoch
-    # resume mid-epoch from every rank's own state, in a new loader with another seed argument
-    first = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
-    seen: list[int] = []
-    for i, batch in enumerate(first):
-        seen += comm.gather(batch).tolist()
-        if i == 2:
-            state = first.state_dict()
-            break
-    second = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=99)
-    second.load_state_dict(state)
-    rest = _epoch(second, comm)
-    reference = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
-    out["resume"] = (seen + rest == _epoch(reference, comm), len(rest))
+    out["resume"] = _resume(prep, comm)
     # ranks that prepare different datasets are told so instead of sharding garbage
     try:
         prep(DataLoader(range(10 + rank), batch_size=2))
