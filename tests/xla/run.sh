@@ -13,7 +13,7 @@
 #         ACCEL_XLA_PYTHON the interpreter that creates it (default: python3; 3.10-3.13)
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 VENV="${ACCEL_XLA_VENV:-$REPO/.xla-venv}"
 BASE_PYTHON="${ACCEL_XLA_PYTHON:-python3}"
 TORCH_PIN="2.9.0"
