@@ -166,8 +166,8 @@ def format_failure_report(failures: Sequence[Failure], name: str = "") -> str:
     if root.traceback is not None:
         lines.append(root.traceback.rstrip("\n"))
     else:
-        lines.append(f"{root.message} (no traceback: the process did not reach Python's "
-                     "exception handling, e.g. it was killed or crashed in native code)")
+        lines.append(f"{root.message} (no Python traceback: the process was killed or crashed "
+                     "in native code; its last output is above)")
     lines.append(_RULE)
     others = sorted((f for f in failures if f is not root), key=lambda f: f.rank)
     if others:

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -226,6 +227,24 @@ def _visible_for_workers(gpu_ids: str | None, environ: Mapping[str, str],
     return ",".join(visible[i] if visible and i < len(visible) else str(i) for i in ids)
 
 
+def _device_and_gpu_ids(src: _Sources, gpus: Callable[[], int],
+                        warnings: list[str]) -> tuple[str, str | None]:
+    device = src.get("device", _device, None)
+    if device is None:
+        count = gpus()
+        device = "cuda" if count > 0 else "cpu"
+        src.sources["device"] = f"detected ({count} GPU(s))" if count else "detected (no GPU)"
+    elif device == "cuda" and gpus() == 0:
+        raise CLIError(f"device cuda was requested ({src.sources['device']}) but no GPU is "
+                       "visible; check the driver and CUDA_VISIBLE_DEVICES, or use --cpu")
+    gpu_ids = src.get("gpu_ids", _gpu_ids, None)
+    if gpu_ids and device != "cuda":
+        warnings.append(f"gpu_ids {gpu_ids} ({src.sources['gpu_ids']}) is ignored: the device "
+                        f"is {device}")
+        gpu_ids, src.sources["gpu_ids"] = None, "default"
+    return device, gpu_ids
+
+
 def _rendezvous(src: _Sources, machines: int, backend: str, ip: str | None, port: int | None,
                 free_port: Callable[[], int], warnings: list[str]) -> tuple[str, int]:
     if machines > 1:
@@ -267,30 +286,12 @@ def resolve_settings(
     """
     src = _Sources(flags, environ, config)
     warnings: list[str] = []
-    counted: list[int] = []
-
-    def gpus() -> int:  # NVML/torch probe at most once, and only if the device may be CUDA
-        if not counted:
-            counted.append(gpu_count())
-        return counted[0]
-
+    gpus = functools.cache(gpu_count)  # probe at most once, and only if the device may be CUDA
     machines, machine_rank, ip = _machines(src, flags, is_local_address)
     if machine_rank >= machines:
         raise CLIError(f"--machine_rank {machine_rank} must be < --num_machines {machines}")
     port = src.get("main_process_port", lambda v, w: _int(v, w, 0, 65535), None)
-    device = src.get("device", _device, None)
-    if device is None:
-        count = gpus()
-        device = "cuda" if count > 0 else "cpu"
-        src.sources["device"] = f"detected ({count} GPU(s))" if count else "detected (no GPU)"
-    elif device == "cuda" and gpus() == 0:
-        raise CLIError(f"device cuda was requested ({src.sources['device']}) but no GPU is "
-                       "visible; check the driver and CUDA_VISIBLE_DEVICES, or use --cpu")
-    gpu_ids = src.get("gpu_ids", _gpu_ids, None)
-    if gpu_ids and device != "cuda":
-        warnings.append(f"gpu_ids {gpu_ids} ({src.sources['gpu_ids']}) is ignored: the device "
-                        f"is {device}")
-        gpu_ids, src.sources["gpu_ids"] = None, "default"
+    device, gpu_ids = _device_and_gpu_ids(src, gpus, warnings)
     visible = _visible_for_workers(gpu_ids, environ, gpus)
     total = _processes(src, device, gpu_ids, machines, gpus)
     threads = src.get("num_cpu_threads_per_process", lambda v, w: _int(v, w, 1),

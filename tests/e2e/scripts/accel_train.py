@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 
@@ -28,7 +29,8 @@ def main() -> None:
               "steps": accelerator.gradient_accumulation_steps,
               "mp": accelerator.mixed_precision, "device": accelerator.device.type,
               "same_weights": bool(torch.equal(weights[0], weights[-1]))}
-    print("RESULT " + json.dumps(report), flush=True)
+    # one write() per line: ranks share the launcher's stdout and must not interleave
+    os.write(1, ("RESULT " + json.dumps(report) + "\n").encode())
     accelerator.end_training()
 
 

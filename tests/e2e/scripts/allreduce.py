@@ -26,7 +26,8 @@ def main() -> None:
               "device": device.kind, "launched": read_settings().launched,
               "omp": os.environ.get("OMP_NUM_THREADS"), "port": info.master_port,
               "mp": os.environ.get("ACCEL_MIXED_PRECISION")}
-    print("RESULT " + json.dumps(report), flush=True)
+    # one write() per line: ranks share the launcher's stdout and must not interleave
+    os.write(1, ("RESULT " + json.dumps(report) + "\n").encode())
     group.close()
 
 

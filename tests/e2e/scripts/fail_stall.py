@@ -7,6 +7,7 @@ test. Each rank prints ``SITE <rank> <line>`` for the collective it is stuck in.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -18,10 +19,10 @@ def main() -> None:
     accelerator = Accelerator(cpu=True)
     accelerator.gather(torch.ones(2))  # a healthy collective first: #1
     if accelerator.is_main_process:
-        print(f"SITE 0 {sys._getframe().f_lineno + 1}", flush=True)
+        os.write(1, f"SITE 0 {sys._getframe().f_lineno + 1}\n".encode())
         accelerator.wait_for_everyone()  # only rank 0 gets here
     else:
-        print(f"SITE 1 {sys._getframe().f_lineno + 1}", flush=True)
+        os.write(1, f"SITE 1 {sys._getframe().f_lineno + 1}\n".encode())
         accelerator.gather(torch.zeros(3))  # rank 1 is already at the next collective
     accelerator.end_training()
 
