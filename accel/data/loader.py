@@ -299,7 +299,7 @@ def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
                 f"the DataLoader's DistributedSampler has num_replicas={sampler.num_replicas}, "
                 f"rank={sampler.rank} but this process is rank {rank} of {world}; remove the "
                 "DistributedSampler (prepare() shards the data itself) or build it for this job")
-        return PassthroughSource(loader, world=world, sampler=sampler)
+        return PassthroughSource(loader, rank=rank, world=world, sampler=sampler, seed=seed)
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
         split_by_node = getattr(dataset, "_distributed", None)
@@ -307,9 +307,9 @@ def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
             if getattr(split_by_node, "world_size", world) != world:
                 raise ValueError(f"the dataset was split for {split_by_node.world_size} "
                                  f"processes but this job has {world}")
-            return PassthroughSource(loader, world=world, sampler=None)
+            return PassthroughSource(loader, rank=rank, world=world, sampler=None, seed=seed)
         return IterableSource(loader, rank=rank, world=world, even=config.even_batches,
-                              split=config.split_batches)
+                              split=config.split_batches, seed=seed)
     return MapSource(loader, rank=rank, world=world, even=config.even_batches,
                      split=config.split_batches, seed=seed)
 

@@ -21,11 +21,12 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
 
 from .iterable import ChunkRounds, CountingCollate, count_samples
 from .plan import Step, rank_steps
-from .samplers import EpochRun, SeedableSampler, ShardBatchSampler
+from .samplers import EpochRun, SeedableSampler, ShardBatchSampler, epoch_seed
 
 __all__ = ["MapSource", "IterableSource", "PassthroughSource", "find_distributed_sampler",
            "rebuild_loader"]
@@ -63,15 +64,33 @@ def find_distributed_sampler(loader: DataLoader[Any]) -> DistributedSampler[Any]
     return None
 
 
+def _warn_generators(loader: DataLoader[Any]) -> None:
+    samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
+    owned = [g for g in [loader.generator] + [getattr(s, "generator", None) for s in samplers
+                                              if not hasattr(s, "set_epoch")] if g is not None]
+    if owned:
+        warnings.warn(
+            "the DataLoader's (or its sampler's) generator is not used: the data order and the "
+            "workers' seeds come from (seed, epoch), so that every rank shuffles the same way and "
+            "a resumed run repeats them; set DataLoaderConfiguration(data_seed=...) to choose "
+            "the seed", stacklevel=5)
+
+
 def _seedable(sampler: Any, seed: int) -> Any:
     if hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
-        if sampler.generator is not None:
-            warnings.warn(
-                f"the {type(sampler).__name__}'s generator is not used for the data order: every "
-                "rank must shuffle the same way, so the order comes from (seed, epoch); set "
-                "DataLoaderConfiguration(data_seed=...) to choose the seed", stacklevel=5)
         return SeedableSampler(sampler, seed)
     return sampler
+
+
+def _same_sampling(loader: DataLoader[Any], generator: torch.Generator) -> DataLoader[Any]:
+    """``loader`` rebuilt with the same sampling but ``generator`` for the worker seeds."""
+    if isinstance(loader.dataset, IterableDataset):
+        return rebuild_loader(loader, batch_size=loader.batch_size, drop_last=loader.drop_last,
+                              generator=generator)
+    if loader.batch_sampler is None or type(loader.batch_sampler) is BatchSampler:
+        return rebuild_loader(loader, sampler=loader.sampler, batch_size=loader.batch_size,
+                              drop_last=loader.drop_last, generator=generator)
+    return rebuild_loader(loader, batch_sampler=loader.batch_sampler, generator=generator)
 
 
 class _Singles:
@@ -93,11 +112,23 @@ class _Source:
     loader: DataLoader[Any]
     epoch_targets: list[Any]
 
+    def __init__(self, loader: DataLoader[Any], *, rank: int, seed: int) -> None:
+        _warn_generators(loader)
+        self.rank = rank
+        self.seed = int(seed)
+        # The rebuilt loader draws its workers' base seed from this generator when a pass
+        # starts, instead of from torch's global RNG: seeded from (seed, rank, epoch), a resumed
+        # pass gets the same worker seeds as the uninterrupted one and the global RNG stream
+        # (dropout, ...) is not disturbed by starting a pass.
+        self.generator = torch.Generator()
+
     def set_epoch(self, epoch: int) -> None:
         for target in self.epoch_targets:
             target.set_epoch(epoch)
+        self.generator.manual_seed(epoch_seed(epoch_seed(self.seed, self.rank), epoch))
 
     def set_seed(self, seed: int) -> None:
+        self.seed = int(seed)
         for target in self.epoch_targets:
             if isinstance(target, SeedableSampler):
                 target.seed = int(seed)
@@ -119,6 +150,7 @@ class MapSource(_Source):
 
     def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
                  split: bool, seed: int) -> None:
+        super().__init__(loader, rank=rank, seed=seed)
         singles = loader.batch_sampler is None
         if singles:
             if split and world > 1:
@@ -136,9 +168,10 @@ class MapSource(_Source):
             unit_size=nominal if isinstance(nominal, int) else None, singles=singles)
         if singles:
             self.loader = rebuild_loader(loader, in_order=True, sampler=self.shard,
-                                         batch_size=None)
+                                         batch_size=None, generator=self.generator)
         else:
-            self.loader = rebuild_loader(loader, in_order=True, batch_sampler=self.shard)
+            self.loader = rebuild_loader(loader, in_order=True, batch_sampler=self.shard,
+                                         generator=self.generator)
         self.batch_size = split_size or nominal
         self.total_batch_size = (nominal if split_size or nominal is None else nominal * world)
         self.epoch_targets = [t for t in {id(x): x for x in (sampler, batches, loader.dataset)}
@@ -185,8 +218,9 @@ class IterableSource(_Source):
     """Every rank reads the whole stream and keeps chunk ``i * world + rank``."""
 
     def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
-                 split: bool) -> None:
-        self.rank, self.world, self.even = rank, world, even and world > 1
+                 split: bool, seed: int = 0) -> None:
+        super().__init__(loader, rank=rank, seed=seed)
+        self.world, self.even = world, even and world > 1
         self.batched = loader.batch_size is not None
         self.drop_last = loader.drop_last
         self.dataset = loader.dataset
@@ -204,7 +238,8 @@ class IterableSource(_Source):
                                                               else nominal * world)
         collate = CountingCollate(loader.collate_fn, self.batched)
         self.loader = rebuild_loader(loader, in_order=True, batch_size=chunk, collate_fn=collate,
-                                     drop_last=loader.drop_last and not self.split)
+                                     drop_last=loader.drop_last and not self.split,
+                                     generator=self.generator)
         self.epoch_targets = [loader.dataset] if hasattr(loader.dataset, "set_epoch") else []
 
     def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
@@ -240,9 +275,10 @@ class IterableSource(_Source):
 class PassthroughSource(_Source):
     """A loader that is already sharded by rank: only tracking (and real counts) are added."""
 
-    def __init__(self, loader: DataLoader[Any], *, world: int,
-                 sampler: DistributedSampler[Any] | None) -> None:
-        self.loader = loader
+    def __init__(self, loader: DataLoader[Any], *, rank: int, world: int,
+                 sampler: DistributedSampler[Any] | None, seed: int = 0) -> None:
+        super().__init__(loader, rank=rank, seed=seed)
+        self.loader = _same_sampling(loader, self.generator)
         self.sampler = sampler
         self.batch_size = loader.batch_size
         self.total_batch_size = None if loader.batch_size is None else loader.batch_size * world

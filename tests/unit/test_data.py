@@ -433,3 +433,26 @@ def test_workers_keep_order_and_bookkeeping() -> None:
     for _ in range(2):
         got = [(b.tolist(), dl.current_real_len) for b in dl]
         assert got == [(b.tolist(), ref.current_real_len) for b in ref]
+
+
+class RandomItems(torch.utils.data.Dataset):
+    """Each item draws from the worker's torch RNG (random augmentation)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.rand(())
+
+
+def test_worker_seeds_follow_seed_rank_and_epoch_not_the_global_rng() -> None:
+    def draws(rank: int, seed: int = 6) -> list[list[float]]:
+        dl = _prepared(DataLoader(RandomItems(), batch_size=2, num_workers=2), rank, 2, seed)
+        return [[x for b in dl for x in b.tolist()] for _ in range(2)]
+
+    before = torch.get_rng_state()
+    first = draws(0)
+    assert torch.equal(before, torch.get_rng_state())
+    torch.manual_seed(123)  # the global RNG plays no part
+    assert draws(0) == first and first[0] != first[1]
+    assert draws(1) != first and draws(0, seed=7) != first
