@@ -18,6 +18,7 @@ outcome, so a failure on any rank raises on all of them instead of hanging.
 from __future__ import annotations
 
 import random
+import shutil
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,11 +70,13 @@ def _set_rng_state(state: dict[str, Any], device: Device) -> None:
         device.set_rng_state(state["device"])
 
 
-def _seed_new_rank(step: int, rank: int) -> None:
+def _seed_new_rank(step: int, rank: int, device: Device) -> None:
+    """A rank the checkpoint has no RNG state for: seeded from (step, rank), deterministically."""
     seed = (step * 1_000_003 + rank * 7919 + 12345) % (2**31)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    device.manual_seed(seed)
 
 
 def _cpu_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -102,23 +105,68 @@ def _write_rank_files(tmp: Path, objs: StateObjects, rank: int,
     return records
 
 
+def _plan_target(comm: Communicator, output_dir: str | None, project_dir: str | None
+                 ) -> tuple[Path, str]:
+    """Rank 0 picks the directory and the temp token; a failure there raises on every rank."""
+    plan: list[Any] = [None, None]
+    if comm.ctx.is_main_process:
+        try:
+            root = checkpoints_root(project_dir) if output_dir is None else None  # type: ignore[arg-type]
+            target = next_checkpoint_name(root) if root is not None else Path(output_dir)  # type: ignore[arg-type]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            plan = [str(target), new_token()]
+        except OSError as exc:  # sent to every rank so that none waits in a collective
+            plan = [CheckpointError(f"cannot create the checkpoint directory's parent: {exc}"),
+                    None]
+    target_s, token = comm.broadcast_object_list(plan)
+    if isinstance(target_s, Exception):
+        raise target_s
+    return Path(target_s), token
+
+
+def _finish_save(tmp: Path, target: Path, objs: StateObjects, gathered: list[Any], step: int,
+                 world_size: int, limit: int | None, keep: Sequence[Path]) -> Exception | None:
+    """Rank 0: manifest, rename, rotation; returns the error to report to every rank."""
+    failed = [r for r in gathered if isinstance(r, Exception)]
+    if not failed:
+        merged = {k: v for r in gathered for k, v in r.items()}
+        try:
+            meta = dict(objs.meta, counts={"models": len(objs.models),
+                                           "optimizers": len(objs.optimizers),
+                                           "schedulers": len(objs.schedulers),
+                                           "loaders": len(objs.loaders),
+                                           "custom": len(objs.custom)})
+            finalize(tmp, target, step=step, world_size=world_size, meta=meta, records=merged)
+        except Exception as exc:  # reported to every rank, then re-raised
+            failed = [CheckpointError(f"finishing checkpoint {target} failed: {exc}")]
+    if failed:
+        if tmp.exists():  # an unfinished save leaves nothing behind (it never had a manifest)
+            shutil.rmtree(tmp)
+        return failed[0]
+    if limit is not None:
+        try:
+            rotate(target.parent, limit, keep=[target, *keep])
+        except (OSError, ValueError) as exc:
+            return CheckpointError(f"checkpoint {target} is complete, but rotating the older "
+                                   f"ones (total_limit={limit}) failed: {exc}")
+    return None
+
+
 def save_accelerator_state(comm: Communicator, objs: StateObjects, output_dir: str | None,
                            project_dir: str | None, total_limit: int | None, keep: Sequence[Path],
                            step: int, unwrap: Callable[[Any], torch.nn.Module]) -> Path:
-    """Write a checkpoint of ``objs`` from every rank; returns its directory."""
+    """Write a checkpoint of ``objs`` from every rank; returns its directory.
+
+    Without ``output_dir`` the checkpoint is ``<project_dir>/checkpoints/checkpoint_<n+1>`` and
+    at most ``total_limit`` complete ones are kept (never the new one nor those in ``keep``).
+    Any rank's failure raises on every rank; no rank is left waiting in a collective.
+    """
     ctx = comm.ctx
     auto = output_dir is None
     if auto and project_dir is None:
         raise ValueError("save_state() without output_dir needs Accelerator(project_dir=...) "
                          "(checkpoints go to <project_dir>/checkpoints/checkpoint_<n>)")
-    plan: list[Any] = [None, None]
-    if ctx.is_main_process:
-        root = checkpoints_root(project_dir) if auto else None  # type: ignore[arg-type]
-        target = next_checkpoint_name(root) if root is not None else Path(output_dir)  # type: ignore[arg-type]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        plan = [str(target), new_token()]
-    target_s, token = comm.broadcast_object_list(plan)
-    target = Path(target_s)
+    target, token = _plan_target(comm, output_dir, project_dir)
     tmp = temp_dir_for(target, token)
     try:
         records: Any = _write_rank_files(tmp, objs, ctx.rank, unwrap)
@@ -127,29 +175,16 @@ def save_accelerator_state(comm: Communicator, objs: StateObjects, output_dir: s
     gathered = comm.gather_object([records])
     outcome: list[Any] = [None]
     if ctx.is_main_process:
-        outcome = [next((r for r in gathered if isinstance(r, Exception)), None)]
-        if outcome[0] is None:
-            merged = {k: v for r in gathered for k, v in r.items()}
-            try:
-                meta = dict(objs.meta, counts={"models": len(objs.models),
-                                               "optimizers": len(objs.optimizers),
-                                               "schedulers": len(objs.schedulers),
-                                               "loaders": len(objs.loaders),
-                                               "custom": len(objs.custom)})
-                finalize(tmp, target, step=step, world_size=ctx.world_size, meta=meta,
-                         records=merged)
-                limit = total_limit
-                if auto and limit is not None:
-                    rotate(target.parent, limit, keep=[target, *keep])
-            except Exception as exc:  # reported to every rank, then re-raised
-                outcome = [CheckpointError(f"finishing checkpoint {target} failed: {exc}")]
+        outcome = [_finish_save(tmp, target, objs, gathered, step, ctx.world_size,
+                                total_limit if auto else None, keep)]
     error = comm.broadcast_object_list(outcome)[0]
     if error is not None:
         raise error
     return target
 
 
-def _resolve_input(comm: Communicator, input_dir: str | None, project_dir: str | None) -> Path:
+def _resolve_input(comm: Communicator, input_dir: str | None, project_dir: str | None,
+                   missing_ok: bool) -> Path | None:
     choice: list[Any] = [None]
     if comm.ctx.is_main_process:
         if input_dir is not None:
@@ -159,13 +194,13 @@ def _resolve_input(comm: Communicator, input_dir: str | None, project_dir: str |
                                  "...) to find <project_dir>/checkpoints/checkpoint_<n>")]
         else:
             found = latest_complete(checkpoints_root(project_dir))
-            choice = [str(found) if found else FileNotFoundError(
+            choice = [str(found) if found else None if missing_ok else FileNotFoundError(
                 f"no complete checkpoint under {checkpoints_root(project_dir)}; save_state() "
-                "first, or pass input_dir")]
+                "first, pass input_dir, or load_state(missing_ok=True) to start fresh")]
     picked = comm.broadcast_object_list(choice)[0]
     if isinstance(picked, Exception):
         raise picked
-    return Path(picked)
+    return None if picked is None else Path(picked)
 
 
 class _Loader:
@@ -177,29 +212,76 @@ class _Loader:
     def run(self, what: str, action: Callable[[], None]) -> None:
         try:
             action()
-        except (CheckpointError, KeyError, RuntimeError, ValueError, TypeError) as exc:
+        except (CheckpointError, KeyError, IndexError, RuntimeError, ValueError, TypeError) as exc:
             if self.strict:
                 if isinstance(exc, CheckpointError):
                     raise
-                raise CheckpointError(f"loading {what} from {self.path} failed: {exc}") from exc
-            warnings.warn(f"rank {self.rank}: skipped {what} from {self.path} (strict=False): "
-                          f"{exc}", stacklevel=3)
+                raise CheckpointError(f"loading {what} from {self.path} failed: {exc}; pass "
+                                      "strict=False to skip it with a warning",
+                                      path=self.path / what) from exc
+            self.warn(f"skipped {what}: {exc}", depth=6)
+
+    def warn(self, message: str, depth: int) -> None:
+        """Warn on this rank; ``depth`` is the number of accel frames above the user's call."""
+        warnings.warn(f"rank {self.rank}: load_state({self.path}, strict=False): {message}",
+                      stacklevel=depth)
 
     def state(self, stem: str) -> Any:
         return read_state(self.path, stem, self.manifest)
 
+    def model(self, index: int, model: torch.nn.Module) -> None:
+        rel = f"model_{index}.safetensors"
+        result = model.load_state_dict(load_tensors(self.path, rel, self.manifest),
+                                       strict=self.strict)
+        if result.missing_keys or result.unexpected_keys:
+            self.warn(f"{rel}: missing keys {result.missing_keys}, unexpected keys "
+                      f"{result.unexpected_keys}", depth=8)
+
 
 def load_accelerator_state(comm: Communicator, objs: StateObjects, input_dir: str | None,
                            project_dir: str | None, strict: bool,
-                           unwrap: Callable[[Any], torch.nn.Module]) -> tuple[Path, Manifest]:
-    """Restore ``objs`` from a checkpoint; ranks check they loaded the same one."""
+                           unwrap: Callable[[Any], torch.nn.Module], missing_ok: bool = False
+                           ) -> tuple[Path, Manifest] | None:
+    """Restore ``objs`` from a checkpoint on every rank.
+
+    Without ``input_dir`` the newest complete checkpoint under ``project_dir`` is loaded (or,
+    with ``missing_ok``, None is returned when there is none). A rank's failure raises on every
+    rank (no rank is left waiting); ranks check that they loaded the same checkpoint.
+    """
     ctx = comm.ctx
-    path = _resolve_input(comm, input_dir, project_dir)
-    manifest = read_manifest(path)
-    ld = _Loader(path, manifest, strict, ctx.rank)
+    path = _resolve_input(comm, input_dir, project_dir, missing_ok)
+    if path is None:
+        return None
+    error: Exception | None = None
+    mine: tuple[Any, ...]
+    try:
+        manifest = read_manifest(path)
+        _load_shared(_Loader(path, manifest, strict, ctx.rank), objs, unwrap)
+        _load_rank_state(_Loader(path, manifest, strict, ctx.rank), objs, ctx.rank,
+                         ctx.world_size, ctx.is_main_process)
+        mine = ("ok", str(path.resolve()), manifest.step, manifest.created)
+    except Exception as exc:  # reported to every rank below, then re-raised on this one
+        error = exc
+        mine = ("error", f"{type(exc).__name__}: {exc}")
+    outcomes = comm.gather_object([mine])
+    if error is not None:
+        raise error
+    failed = [f"rank {r}: {o[1]}" for r, o in enumerate(outcomes) if o[0] == "error"]
+    if failed:
+        raise CheckpointError(f"load_state({path}) failed on another rank: " + "; ".join(failed),
+                              path=path)
+    if len(set(outcomes)) != 1:
+        raise CheckpointError(f"ranks loaded different checkpoints or steps: {outcomes}; every "
+                              "rank must see the same checkpoint directory (shared filesystem)",
+                              path=path)
+    return path, manifest
+
+
+def _load_shared(ld: _Loader, objs: StateObjects, unwrap: Callable[[Any], torch.nn.Module]
+                 ) -> None:
+    """Components rank 0 wrote, loaded on every rank."""
     for i, model in enumerate(objs.models):
-        ld.run(f"model_{i}.safetensors", lambda m=model, i=i: unwrap(m).load_state_dict(
-            load_tensors(path, f"model_{i}.safetensors", manifest), strict=True))
+        ld.run(f"model_{i}.safetensors", lambda m=model, i=i: ld.model(i, unwrap(m)))
     for i, opt in enumerate(objs.optimizers):
         ld.run(f"optimizer_{i}", lambda o=opt, i=i: o.load_state_dict(ld.state(f"optimizer_{i}")))
     for i, sched in enumerate(objs.schedulers):
@@ -208,32 +290,31 @@ def load_accelerator_state(comm: Communicator, objs: StateObjects, input_dir: st
         ld.run("scaler", lambda: objs.precision.load_state_dict(ld.state("scaler")))
     for i, obj in enumerate(objs.custom):
         ld.run(f"custom_{i}", lambda o=obj, i=i: o.load_state_dict(ld.state(f"custom_{i}")))
-    _load_rank_state(ld, objs, manifest, ctx.rank, ctx.world_size, ctx.is_main_process)
-    seen = comm.gather_object([(str(path.resolve()), manifest.step, manifest.created)])
-    if len(set(seen)) != 1:
-        raise CheckpointError(f"ranks loaded different checkpoints or steps: {seen}; every rank "
-                              "must see the same checkpoint directory (shared filesystem)")
-    return path, manifest
 
 
-def _load_rank_state(ld: _Loader, objs: StateObjects, manifest: Manifest, rank: int,
-                     world: int, is_main: bool) -> None:
-    if manifest.world_size != world and is_main:
+def _load_rank_state(ld: _Loader, objs: StateObjects, rank: int, world: int,
+                     is_main: bool) -> None:
+    """This rank's RNG state and loader positions (rank 0's positions if the world changed)."""
+    saved_world = ld.manifest.world_size
+    if saved_world != world and is_main:
+        change = (f"the RNG states of ranks {world}..{saved_world - 1} are dropped"
+                  if world < saved_world else
+                  f"ranks {saved_world}..{world - 1} are seeded deterministically from the step")
         warnings.warn(
-            f"checkpoint {ld.path} was written by {manifest.world_size} process(es), this job "
-            f"has {world}: model/optimizer state is loaded; per-rank RNG and data-loader "
-            "positions are kept only for ranks present in both (new ranks are seeded "
-            "deterministically, loaders start their epoch again)", stacklevel=3)
-    if rank < manifest.world_size:  # this rank wrote RNG state: missing/corrupt is an error
+            f"checkpoint {ld.path} was written by {saved_world} process(es), this job has "
+            f"{world}: model, optimizer, scheduler and registered state are loaded; {change}; "
+            "data loader positions are converted from rank 0's", stacklevel=4)
+    if rank < saved_world:  # this rank wrote RNG state: missing/corrupt is an error
         ld.run(f"rank_{rank}/rng", lambda: _set_rng_state(ld.state(f"rank_{rank}/rng"),
                                                           objs.device))
     else:
-        _seed_new_rank(manifest.step, rank)
-    if manifest.world_size != world or not objs.loaders:
+        _seed_new_rank(ld.manifest.step, rank, objs.device)
+    if not objs.loaders:
         return
+    source = rank if saved_world == world else 0
 
     def loaders() -> None:
-        states = ld.state(f"rank_{rank}/loaders")
+        states = ld.state(f"rank_{source}/loaders")
         if len(states) != len(objs.loaders):
             raise ValueError(f"checkpoint has {len(states)} data loader state(s), "
                              f"{len(objs.loaders)} loader(s) are prepared; prepare the same "
@@ -241,4 +322,4 @@ def _load_rank_state(ld: _Loader, objs: StateObjects, manifest: Manifest, rank: 
         for loader, state in zip(objs.loaders, states):
             loader.load_state_dict(state)
 
-    ld.run(f"rank_{rank}/loaders", loaders)
+    ld.run(f"rank_{source}/loaders", loaders)
