@@ -119,6 +119,7 @@ class PreparedDataLoader:
         self._passes = 0
         self._yielded = 0
         self._next: tuple[int, int] | None = None
+        self._next_loaded = False
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -149,39 +150,43 @@ class PreparedDataLoader:
         self._yielded += 1
 
     def _begin_pass(self, requested_skip: int | None) -> tuple[int, int]:
-        if self._next is not None:
-            epoch, skip = self._next
-            self._next = None
+        saved = self._next
+        if saved is not None:
+            epoch, skip = saved
         else:
             epoch, skip = (self.epoch + 1 if self._started else self.epoch), 0
-        if requested_skip is not None:
-            if skip and requested_skip != skip:
+        loaded = saved is not None and self._next_loaded and saved[1] > 0
+        if skip and self._complete(skip):  # saved after the epoch's last batch: next epoch
+            epoch, skip = epoch + 1, 0
+        if requested_skip is not None and saved is not None and loaded:
+            if requested_skip != saved[1]:
                 raise ValueError(
                     f"skip_first_batches({requested_skip}) on a loader that already resumes "
-                    f"after batch {skip} of epoch {epoch} (from load_state); accel resumes "
-                    "exactly on its own, so iterate the loader itself instead")
-            if skip:
-                warnings.warn("skip_first_batches is not needed after load_state: the loader "
-                              "already resumes with the next unseen batch", stacklevel=4)
+                    f"after batch {saved[1]} of epoch {saved[0]} (from load_state); accel "
+                    "resumes exactly on its own, so iterate the loader itself instead")
+            warnings.warn("skip_first_batches is not needed after load_state: the loader "
+                          "already resumes with the next unseen batch", stacklevel=4)
+        elif requested_skip is not None:
             skip = requested_skip
-        if skip:
-            try:
-                if skip >= self._source.num_rounds():  # the epoch was complete: next one
-                    epoch, skip = epoch + 1, 0
-            except TypeError:  # unknown length: an empty rest of the epoch, then the next
-                pass
+        self._next, self._next_loaded = None, False
         self._started = True
         self._passes += 1
         self.epoch, self._yielded = epoch, skip
         self._source.set_epoch(epoch)
         return epoch, skip
 
+    def _complete(self, skip: int) -> bool:
+        try:
+            return skip >= self._source.num_rounds()
+        except TypeError:  # unknown length: the rest of the epoch is empty, then the next one
+            return False
+
     def __len__(self) -> int:
         return len(self._source)
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` (its shuffle order) for the next pass."""
-        self._next = (int(epoch), 0)
+        self._next, self._next_loaded = (int(epoch), 0), False
         self.epoch = int(epoch)
 
     @property
@@ -226,6 +231,7 @@ class PreparedDataLoader:
         self._source.set_seed(seed)
         self.epoch = int(state.get("epoch", state["next_epoch"]))
         self._next = (int(state["next_epoch"]), skip)
+        self._next_loaded = True
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not set in __init__: other DataLoader attributes (num_workers,

@@ -354,6 +354,10 @@ def test_skip_first_batches_plain_and_prepared() -> None:
     dl.load_state_dict(state)
     with pytest.raises(ValueError, match="already resumes"):
         list(skip_first_batches(dl, 1))
+    dl.load_state_dict(state)  # the Accelerate habit (load, then skip as many): no double skip
+    with pytest.warns(UserWarning, match="not needed"):
+        assert [b.tolist() for b in skip_first_batches(dl, 2)] == full[1][2:]
+    assert [b.tolist() for b in skip_first_batches(dl, 9)] == []  # not the next epoch
 
 
 # -- tracking ------------------------------------------------------------------------------------
