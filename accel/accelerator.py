@@ -141,7 +141,7 @@ class Accelerator:
         self.timeout = self._group.timeout
         self._monitor = CollectiveMonitor(self.state.rank, self.state.world_size,
                                           self._group.store(), settings.stall_seconds,
-                                          self.timeout)
+                                          self.timeout, attempt=info.restart_count)
         self._comm = Communicator(self.state, [self._monitor] + ([consistency_check]
                                                                  if settings.debug else []))
         self._precision = make_precision(self._precision_mode, self.state.device,

@@ -41,9 +41,9 @@ from .stall_report import Position, format_stall_report
 __all__ = ["DEFAULT_STALL_SECONDS", "CollectiveMonitor", "call_site", "read_positions"]
 
 DEFAULT_STALL_SECONDS = 60.0
-_PREFIX = "accel/stall/"
-_REQUEST = "accel/signal/request"
-_SEEN = "accel/signal/seen/"
+_PREFIX = "stall/"
+_REQUEST = "signal/request"
+_SEEN = "signal/seen/"
 #: How long ranks wait for each other to agree on where to run a signal handler (seconds).
 _AGREE_SECONDS = 60.0
 
@@ -89,12 +89,15 @@ class CollectiveMonitor:
             at half the timeout unless given explicitly).
         timeout: the process-group timeout, quoted in the report.
         stream: where reports go (default ``sys.stderr``).
+        attempt: the launcher's restart count; keys live under ``accel/a<attempt>/`` because a
+            restarted job may find the previous attempt's keys in the same store.
     """
 
     def __init__(self, rank: int, world_size: int, store: dist.Store | None,
                  threshold: float | None = None, timeout: timedelta | None = None,
-                 stream: TextIO | None = None) -> None:
-        self.rank, self.world_size, self._store = rank, world_size, store
+                 stream: TextIO | None = None, attempt: int = 0) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._store = dist.PrefixStore(f"accel/a{attempt}/", store) if store is not None else None
         seconds = timeout.total_seconds() if timeout else None
         if threshold is None:
             threshold = DEFAULT_STALL_SECONDS if seconds is None else \

@@ -91,6 +91,11 @@ def worker_env(settings: LaunchSettings) -> dict[str, str]:
         env["ACCEL_CONFIG_FILE"] = os.path.abspath(s.config_file)
     if s.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
+    if s.max_restarts > 0 and s.rdzv_backend == "c10d":
+        # The c10d rendezvous shares the agent's store with the workers and keeps it across
+        # restarts, so a restarted worker can read a dead peer's gloo/NCCL address and fail
+        # to connect (pytorch#135712). Read by the agent: each attempt gets a fresh store.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
 
 
