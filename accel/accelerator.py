@@ -290,6 +290,7 @@ class Accelerator:
         out: list[Any] = list(args)
         done = {i for i, obj in enumerate(args) if id(obj) in self._prepared_ids}
         order = (nn.Module, torch.optim.Optimizer, "scheduler", torch.utils.data.DataLoader)
+        moved: dict[int, nn.Parameter] = {}  # old -> new parameter objects (XLA replaces them)
         for kind in order:  # models first so optimizers see moved parameters
             for i, obj in enumerate(args):
                 if i in done:
@@ -297,7 +298,13 @@ class Accelerator:
                 if kind == "scheduler" and _is_scheduler(obj):
                     out[i] = self._prepare_scheduler(obj)
                 elif isinstance(kind, type) and isinstance(obj, kind):
+                    before = list(obj.parameters()) if isinstance(obj, nn.Module) else []
+                    if isinstance(obj, torch.optim.Optimizer):
+                        self._retarget(obj, moved)
                     out[i] = self._prepare_one(obj, places[i])
+                    if before:
+                        moved.update({id(o): n for o, n in zip(before, obj.parameters())
+                                      if o is not n})
                 else:
                     continue
                 done.add(i)
@@ -308,6 +315,19 @@ class Accelerator:
                     "nn.Module, torch.optim.Optimizer, LR schedulers and torch DataLoader")
             self._prepared_ids.add(id(out[i]))
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _retarget(self, optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter]) -> None:
+        """Point the optimizer at the model's placed parameters (new objects on XLA)."""
+        for group in optimizer.param_groups:
+            group["params"] = [moved.get(id(p), p) for p in group["params"]]
+        if self.device_placement and self.device.type == "xla":
+            stale = [p for g in optimizer.param_groups for p in g["params"]
+                     if p.device.type != self.device.type]
+            if stale:
+                raise ValueError(
+                    f"{len(stale)} optimizer parameter(s) are not on {self.device}; pass the "
+                    "model and its optimizer to the same prepare() call, or create the "
+                    "optimizer after prepare(model)")
 
     def _prepare_one(self, obj: Any, place: bool) -> Any:
         if isinstance(obj, nn.Module):

@@ -8,6 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .. import _optional
 from ..device import Device
 from ..env import LaunchInfo
 from .context import ProcessContext
@@ -94,7 +95,7 @@ def start_process_group(
     backend = backend or ctx.backend
     if backend == "xla":
         # torch_xla registers the "xla" backend on import and rendezvouses through PJRT.
-        import torch_xla.distributed.xla_backend  # noqa: F401
+        _optional.require("torch_xla.distributed.xla_backend", extra="xla")
         init_method = init_method or "xla://"
     if init_method is None:
         if info.launcher == "torchrun":

@@ -19,5 +19,9 @@ class XLAStrategy(Strategy):
             xm.reduce_gradients(optimizer)
 
     def after_optimizer_step(self) -> None:
-        xm = _optional.require("torch_xla.core.xla_model", extra="xla")
-        xm.mark_step()
+        torch_xla = _optional.require("torch_xla", extra="xla")
+        sync = getattr(torch_xla, "sync", None)
+        if sync is not None:
+            sync()
+        else:  # torch_xla < 2.6
+            _optional.require("torch_xla.core.xla_model", extra="xla").mark_step()
