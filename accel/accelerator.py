@@ -18,6 +18,7 @@ import contextlib
 import functools
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -30,7 +31,7 @@ from .logging import main_print
 from .memory import release_memory
 from .progress import tqdm as _tqdm
 from .accumulation import AccumulationState
-from .checkpoint import files as _ckpt_files, naming as _ckpt_naming
+from .checkpoint import files as _ckpt_files
 from .checkpoint.state import StateObjects, load_accelerator_state, save_accelerator_state
 from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
                      GradientAccumulationPlugin, KwargsHandler, PrecisionType,
@@ -616,7 +617,20 @@ class Accelerator:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``."""
+        """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``.
+
+        Their state may hold tensors, numpy arrays, numbers, strings and containers of them (it
+        is stored as safetensors + JSON, never pickled). They are matched by position: register
+        the same objects in the same order before ``load_state``.
+
+        Example:
+            >>> class Step:
+            ...     def __init__(self): self.n = 0
+            ...     def state_dict(self): return {"n": self.n}
+            ...     def load_state_dict(self, state): self.n = state["n"]
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.register_for_checkpointing(Step())
+        """
         for obj in objects:
             if not (callable(getattr(obj, "state_dict", None))
                     and callable(getattr(obj, "load_state_dict", None))):
@@ -635,14 +649,27 @@ class Accelerator:
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
                    **unsupported: Any) -> str:
-        """Save everything prepared or registered, atomically and without pickle.
+        """Save everything prepared or registered, on every rank, atomically and without pickle.
 
-        Without ``output_dir`` it writes ``<project_dir>/checkpoints/checkpoint_<n>`` and keeps
-        at most ``total_limit`` (or ``ProjectConfiguration.total_limit``) of them.
+        Models, optimizers, schedulers, the fp16 scaler, registered objects, each rank's RNG
+        states and each prepared loader's position. Call it on every rank. Without
+        ``output_dir`` it writes ``<project_dir>/checkpoints/checkpoint_<n+1>`` and keeps at most
+        ``total_limit`` (or ``ProjectConfiguration.total_limit``) complete checkpoints, never
+        deleting the new one nor the one loaded last.
+
+        Example:
+            >>> import tempfile
+            >>> accelerator = Accelerator(cpu=True, project_dir=tempfile.mkdtemp())
+            >>> accelerator.save_state().endswith("checkpoint_0")
+            True
         """
         if unsupported:
             raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
                             "accel always writes safetensors + JSON")
+        if output_dir is not None and total_limit is not None and self.is_main_process:
+            warnings.warn(f"save_state(total_limit={total_limit}) is ignored with an explicit "
+                          "output_dir: rotation applies to automatically named checkpoints "
+                          "(omit output_dir and set Accelerator(project_dir=...))", stacklevel=2)
         limit = total_limit if total_limit is not None else self.project_configuration.total_limit
         path = save_accelerator_state(
             self._comm, self._state_objects(), output_dir, self.project_configuration.project_dir,
@@ -652,32 +679,32 @@ class Accelerator:
 
     def load_state(self, input_dir: str | None = None, strict: bool = True,
                    missing_ok: bool = False) -> str | None:
-        """Restore a checkpoint; without ``input_dir`` the newest complete one.
+        """Restore a checkpoint on every rank; without ``input_dir`` the newest complete one.
 
-        ``missing_ok=True`` (without ``input_dir``) returns None when no complete checkpoint
-        exists yet: ``accelerator.load_state(missing_ok=True)`` at the top of a script resumes
-        after ``accel launch --max_restarts N`` restarted it, and starts fresh otherwise.
+        Afterwards iterating a prepared loader continues with the next unseen batch and the RNG
+        streams continue where they were, so training resumes exactly. A missing or corrupt
+        component raises ``CheckpointError`` naming the file on every rank; ``strict=False``
+        skips it with a warning on each affected rank. ``missing_ok=True`` (without
+        ``input_dir``) returns None when no complete checkpoint exists yet, so one script both
+        starts fresh and resumes after ``accel launch --max_restarts N`` restarted it.
+
+        Example:
+            >>> import tempfile
+            >>> accelerator = Accelerator(cpu=True, project_dir=tempfile.mkdtemp())
+            >>> accelerator.load_state(missing_ok=True) is None
+            True
         """
-        if missing_ok and input_dir is None and not self._has_checkpoint():
-            return None
-        path, manifest = load_accelerator_state(
+        loaded = load_accelerator_state(
             self._comm, self._state_objects(), input_dir,
-            self.project_configuration.project_dir, strict, self.unwrap_model)
+            self.project_configuration.project_dir, strict, self.unwrap_model, missing_ok)
+        if loaded is None:
+            return None
+        path, manifest = loaded
         self._accumulation.step = int(manifest.meta.get("accumulation_step", 0))
         for opt in self._optimizers:
             opt.steps_taken = int(manifest.meta.get("optimizer_steps", 0))
         self._loaded_dir = path
         return str(path)
-
-    def _has_checkpoint(self) -> bool:
-        """Whether rank 0 sees a complete checkpoint under project_dir (agreed by all ranks)."""
-        root = self.project_configuration.project_dir
-        if root is None:
-            return True  # load_state then raises its "needs project_dir" error
-        found: list[Any] = [None]
-        if self.is_main_process:
-            found = [_ckpt_naming.latest_complete(_ckpt_naming.checkpoints_root(root)) is not None]
-        return bool(self._comm.broadcast_object_list(found)[0])
 
     def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
         """Save a state dict or module as safetensors (main process only, atomic)."""

@@ -79,6 +79,25 @@ def _seed_new_rank(step: int, rank: int, device: Device) -> None:
     device.manual_seed(seed)
 
 
+def _counts(objs: StateObjects) -> dict[str, int]:
+    return {"models": len(objs.models), "optimizers": len(objs.optimizers),
+            "schedulers": len(objs.schedulers), "loaders": len(objs.loaders),
+            "custom": len(objs.custom)}
+
+
+def _check_counts(manifest: Manifest, objs: StateObjects) -> None:
+    """Components are matched by position: the same kinds and numbers must be prepared."""
+    saved, prepared = manifest.meta.get("counts"), _counts(objs)
+    if not isinstance(saved, dict):
+        return  # written without counts: each component is still checked on its own
+    differ = {k: (saved.get(k), n) for k, n in prepared.items() if saved.get(k, n) != n}
+    if differ:
+        found = ", ".join(f"{k}: {old} saved, {new} prepared" for k, (old, new) in differ.items())
+        raise ValueError(f"the checkpoint does not match what this job prepared ({found}); "
+                         "prepare() and register_for_checkpointing() the same objects in the "
+                         "same order before load_state()")
+
+
 def _cpu_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
@@ -131,11 +150,7 @@ def _finish_save(tmp: Path, target: Path, objs: StateObjects, gathered: list[Any
     if not failed:
         merged = {k: v for r in gathered for k, v in r.items()}
         try:
-            meta = dict(objs.meta, counts={"models": len(objs.models),
-                                           "optimizers": len(objs.optimizers),
-                                           "schedulers": len(objs.schedulers),
-                                           "loaders": len(objs.loaders),
-                                           "custom": len(objs.custom)})
+            meta = dict(objs.meta, counts=_counts(objs))
             finalize(tmp, target, step=step, world_size=world_size, meta=meta, records=merged)
         except Exception as exc:  # reported to every rank, then re-raised
             failed = [CheckpointError(f"finishing checkpoint {target} failed: {exc}")]
@@ -280,6 +295,7 @@ def load_accelerator_state(comm: Communicator, objs: StateObjects, input_dir: st
 def _load_shared(ld: _Loader, objs: StateObjects, unwrap: Callable[[Any], torch.nn.Module]
                  ) -> None:
     """Components rank 0 wrote, loaded on every rank."""
+    ld.run("manifest.json", lambda: _check_counts(ld.manifest, objs))
     for i, model in enumerate(objs.models):
         ld.run(f"model_{i}.safetensors", lambda m=model, i=i: ld.model(i, unwrap(m)))
     for i, opt in enumerate(objs.optimizers):

@@ -214,3 +214,19 @@ def test_prepared_loader_leaves_the_global_rng_alone(shuffle: bool) -> None:
     assert torch.equal(before, torch.get_rng_state()), \
         "starting a pass of a prepared loader consumed torch's global RNG"
     it.close()
+
+
+def test_load_into_different_objects_names_the_mismatch(tmp_path: Path) -> None:
+    acc = Accelerator(cpu=True)
+    first, second = _Custom(), _Custom()
+    first.state, second.state = {"a": 1}, {"b": 2}
+    acc.register_for_checkpointing(first, second)
+    path = acc.save_state(str(tmp_path / "ckpt"))
+    other = Accelerator(cpu=True)
+    mine = _Custom()
+    other.register_for_checkpointing(mine)
+    with pytest.raises(CheckpointError, match="custom: 2 saved, 1 prepared"):
+        other.load_state(path)
+    with pytest.warns(UserWarning, match="custom: 2 saved, 1 prepared"):
+        other.load_state(path, strict=False)
+    assert mine.state == {"a": 1}  # matched by position
