@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .procs import set_parent_death_signal
 from .report import user_traceback, write_error_file
 
-__all__ = ["main", "run_target"]
+__all__ = ["LaunchLayoutError", "check_layout", "main", "run_target"]
 
 #: How long a failed worker may take to shut down before it exits hard (seconds).
 _EXIT_GRACE = 10.0
+#: Exit codes that mean "stopped by this signal" (128 + signal number), not a failure.
+_SIGNAL_EXITS = {128 + int(signal.SIGTERM): "SIGTERM", 128 + int(signal.SIGINT): "SIGINT"}
 _USAGE = "usage: python -m accel.launch.bootstrap (script.py | -m module) [args ...]"
 
 
@@ -83,16 +86,41 @@ def _exit_code(exc: SystemExit) -> int:
     return 1  # sys.exit("message") exits with 1, like Python itself
 
 
+class LaunchLayoutError(RuntimeError):
+    """The machines of one job were started with different process or machine counts."""
+
+
+def check_layout(environ: Mapping[str, str]) -> None:
+    """Compare torchrun's world with what ``accel launch`` on this machine was asked for.
+
+    torchrun sums the processes that each machine brings, so machines started with different
+    ``-n``/``--num_machines`` silently form a job of an unexpected size (or wait forever).
+    """
+    expected = (environ.get("ACCEL_NUM_PROCESSES"), environ.get("ACCEL_NUM_MACHINES"))
+    actual = (environ.get("WORLD_SIZE"), environ.get("GROUP_WORLD_SIZE"))
+    if None in expected or None in actual or expected == actual:
+        return
+    raise LaunchLayoutError(
+        f"accel launch on this machine was started for {expected[0]} processes on "
+        f"{expected[1]} machine(s), but the job that formed has WORLD_SIZE={actual[0]} on "
+        f"{actual[1]} machine(s): the machines were started with different -n/--num_processes "
+        "or --num_machines; pass the same values on every machine")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of a worker; returns the exit code."""
     target, is_module, args = _split(sys.argv[1:] if argv is None else argv)
     agent = os.environ.get("ACCEL_AGENT_PID", "")
     set_parent_death_signal(int(agent) if agent.isdigit() else None)
     try:
+        check_layout(os.environ)
         run_target(target, is_module, args)
     except SystemExit as exc:
         code = _exit_code(exc)
-        if code != 0:
+        if code in _SIGNAL_EXITS:  # e.g. Accelerator.on_signal's handler ran, then exited
+            print(f"[accel] rank {os.environ.get('RANK', '?')} stopped by "
+                  f"{_SIGNAL_EXITS[code]} (exit code {code})", file=sys.stderr, flush=True)
+        elif code != 0:
             _record(exc, code)
         return code
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then we exit 1

@@ -209,7 +209,12 @@ def _launch(args: argparse.Namespace) -> int:
         print(f"accel launch: warning: {warning}", file=sys.stderr)
     if not args.quiet:
         print(settings_table(settings, config_note), file=sys.stderr, flush=True)
-    return run_torchrun(build_torchrun_argv(settings), worker_env(settings), settings.debug)
+    env = worker_env(settings)
+    if settings.num_machines > 1:
+        from .preflight import preflight
+
+        env.update(preflight(settings, os.environ))
+    return run_torchrun(build_torchrun_argv(settings), env, settings.debug)
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

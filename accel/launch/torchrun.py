@@ -78,6 +78,9 @@ def worker_env(settings: LaunchSettings) -> dict[str, str]:
     """
     s = settings
     env = {"ACCEL_LAUNCHED": "1",
+           # what this machine was asked for; the bootstrap compares it with torchrun's world
+           "ACCEL_NUM_PROCESSES": str(s.num_processes),
+           "ACCEL_NUM_MACHINES": str(s.num_machines),
            "OMP_NUM_THREADS": str(s.num_cpu_threads_per_process),
            "ACCEL_NUM_THREADS": str(s.num_cpu_threads_per_process)}
     env["ACCEL_DEVICE"] = s.device
