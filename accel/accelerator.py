@@ -670,6 +670,11 @@ class Accelerator:
             warnings.warn(f"save_state(total_limit={total_limit}) is ignored with an explicit "
                           "output_dir: rotation applies to automatically named checkpoints "
                           "(omit output_dir and set Accelerator(project_dir=...))", stacklevel=2)
+        if not self._accumulation.sync_gradients and self.is_main_process:
+            warnings.warn(f"save_state() in the middle of a gradient accumulation group (micro-"
+                          f"step {self._accumulation.step} of {self._accumulation.num_steps}): "
+                          "the gradients accumulated so far are not saved, so a run resumed from "
+                          "it is not exact; save after the group's optimizer.step()", stacklevel=2)
         limit = total_limit if total_limit is not None else self.project_configuration.total_limit
         path = save_accelerator_state(
             self._comm, self._state_objects(), output_dir, self.project_configuration.project_dir,

@@ -230,3 +230,19 @@ def test_load_into_different_objects_names_the_mismatch(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="custom: 2 saved, 1 prepared"):
         other.load_state(path, strict=False)
     assert mine.state == {"a": 1}  # matched by position
+
+
+def test_save_inside_an_accumulation_group_warns(tmp_path: Path) -> None:
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = acc.prepare(nn.Linear(2, 1))
+    with acc.accumulate(model):
+        acc.backward(model(torch.ones(1, 2)).sum())
+    with pytest.warns(UserWarning, match="micro-step 1 of 2"):
+        acc.save_state(str(tmp_path / "mid"))
+    with acc.accumulate(model):
+        acc.backward(model(torch.ones(1, 2)).sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acc.save_state(str(tmp_path / "boundary"))
+    with pytest.warns(UserWarning, match="total_limit=2.* is ignored"):
+        acc.save_state(str(tmp_path / "boundary"), total_limit=2)
