@@ -1,0 +1,245 @@
+"""Every example in ``examples/`` run end to end, as the README shows it, through ``accel launch``.
+
+The commands are module constants so that ``test_readme.py`` can check that each README command
+is one that runs here. They run in a temporary copy of ``examples/`` (outputs land there).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+TIMEOUT = 240
+
+DIGITS = "accel launch --cpu -n 2 examples/digits.py"
+DIGITS_PLAIN_TORCHRUN = "torchrun --nproc_per_node 2 examples/digits_plain.py"
+CHECKPOINT_STOP = ("accel launch --cpu -n 2 examples/checkpointing.py --project_dir runs/ckpt "
+                   "--stop_after 13")
+CHECKPOINT_RESUME = "accel launch --cpu -n 2 examples/checkpointing.py --project_dir runs/ckpt"
+GRADIENT_ACCUMULATION = ("accel launch --cpu -n 2 examples/gradient_accumulation.py "
+                         "--accumulation_steps 4")
+MIXED_PRECISION = "accel launch --cpu -n 2 examples/mixed_precision.py"
+INFERENCE = "accel launch --cpu -n 2 examples/inference.py --weights digits_cnn.safetensors"
+TRANSFORMERS = "accel launch --cpu -n 2 examples/transformers_tiny.py"
+
+#: every command this file runs verbatim (test_readme.py checks README's against these)
+COMMANDS = (DIGITS, DIGITS_PLAIN_TORCHRUN, CHECKPOINT_STOP, CHECKPOINT_RESUME,
+            GRADIENT_ACCUMULATION, MIXED_PRECISION, INFERENCE, TRANSFORMERS)
+
+pytestmark = pytest.mark.slow
+
+
+def clean_env(home: Path) -> dict[str, str]:
+    """The caller's environment minus launcher/ACCEL variables, with no user config file."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ACCEL_", "TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "SLURM_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT", "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["XDG_CONFIG_HOME"] = str(home / "xdg")  # never pick up the developer's config
+    return env
+
+
+def argv(command: str) -> list[str]:
+    """``command`` as argv, with ``accel``/``python``/``torchrun`` run by this interpreter."""
+    words = shlex.split(command)
+    prefix = {"accel": [sys.executable, "-m", "accel"], "python": [sys.executable],
+              "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
+    assert words[0] in prefix, f"unexpected program in {command!r}"
+    return prefix[words[0]] + words[1:]
+
+
+def run(command: str, cwd: Path) -> tuple[str, str]:
+    """Run ``command`` in ``cwd``; fail with its output unless it exits 0."""
+    try:
+        proc = subprocess.run(argv(command), cwd=cwd, env=clean_env(cwd), capture_output=True,
+                              text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{command!r} did not finish in {TIMEOUT} s:\n{exc.stdout}\n{exc.stderr}")
+    assert proc.returncode == 0, f"{command!r} exited {proc.returncode}:\n{proc.stdout}\n" \
+        f"{proc.stderr}"
+    return proc.stdout, proc.stderr
+
+
+def lines(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def accuracy(out: str, count: int) -> float:
+    """The one accuracy line of ``out`` (printed by the main process only), checked."""
+    found = lines(out, "accuracy ")
+    assert len(found) == 1, out
+    match = re.fullmatch(rf"accuracy (\d\.\d{{4}}) on {count} (test images|sequences).*",
+                         found[0])
+    assert match, found[0]
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of examples/ in a fresh directory, as if the repository were checked out there."""
+    root = tmp_path_factory.mktemp("examples")
+    shutil.copytree(EXAMPLES, root / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def digits(workdir: Path) -> tuple[str, str]:
+    return run(DIGITS, workdir)
+
+
+def test_digits_trains_evaluates_exactly_and_saves_safetensors(digits: tuple[str, str]) -> None:
+    out, _err = digits
+    for epoch in range(5):  # printed once, by the main process
+        assert len(lines(out, f"epoch {epoch}: loss ")) == 1, out
+    assert accuracy(out, 297) > 0.9  # 297 test images, each counted once over 2 processes
+    assert lines(out, "saved ") == ["saved digits_cnn.safetensors"]
+
+
+def test_digits_model_file_loads_with_accel_and_safetensors(digits: tuple[str, str],
+                                                            workdir: Path) -> None:
+    from safetensors import safe_open
+
+    from accel.checkpoint import load
+
+    path = workdir / "digits_cnn.safetensors"
+    state = load(path)
+    with safe_open(str(path), framework="pt") as handle:  # plain safetensors, no accel
+        assert sorted(handle.keys()) == sorted(state)
+    model = _example_module("digits").build_model()
+    model.load_state_dict(state, strict=True)
+    assert all(t.dtype == torch.float32 for t in state.values())
+
+
+def _example_module(name: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_digits_plain_differs_from_digits_only_where_accel_is_used() -> None:
+    """The shared parts of the pair are identical, so their diff shows only what accel changes."""
+    import ast
+
+    plain, accel = (ast.parse((EXAMPLES / f"{n}.py").read_text()) for n in ("digits_plain",
+                                                                            "digits"))
+
+    def functions(tree: ast.Module) -> dict[str, str]:
+        return {node.name: ast.unparse(node) for node in tree.body
+                if isinstance(node, ast.FunctionDef)}
+
+    ours, theirs = functions(accel), functions(plain)
+    assert set(ours) == set(theirs) == {"digits_datasets", "build_model", "parse_args", "main"}
+    for name in ("digits_datasets", "build_model"):
+        assert ours[name] == theirs[name], name
+    assert ours["parse_args"].replace("digits_cnn.safetensors", "digits_cnn.pt") == \
+        theirs["parse_args"]
+
+
+def test_digits_plain_under_torchrun_counts_a_padded_sample(workdir: Path) -> None:
+    out, _err = run(DIGITS_PLAIN_TORCHRUN, workdir)
+    assert len(lines(out, "epoch 4: loss ")) == 1, out
+    # plain DDP evaluation: DistributedSampler repeats one image to even out the shards
+    assert accuracy(out, 298) > 0.85
+    state = torch.load(workdir / "digits_cnn.pt", weights_only=True)
+    assert sorted(state) == sorted(_example_module("digits").build_model().state_dict())
+
+
+def test_checkpointing_stops_then_resumes_exactly(workdir: Path) -> None:
+    out, _err = run(CHECKPOINT_STOP, workdir)
+    assert lines(out, "no checkpoint yet") == ["no checkpoint yet: starting from scratch"]
+    assert lines(out, "stopped ") == ["stopped after step 13 (simulated interruption)"]
+    first = {int(m.group(1)): m.group(0) for m in re.finditer(r"^step (\d+): loss .*$", out,
+                                                               re.MULTILINE)}
+    assert sorted(first) == list(range(1, 14))
+    root = workdir / "runs" / "ckpt" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_2", "checkpoint_3"]  # limit 2
+    assert all((root / name / "manifest.json").is_file() for name in ("checkpoint_2",
+                                                                      "checkpoint_3"))
+
+    out, _err = run(CHECKPOINT_RESUME, workdir)
+    assert lines(out, "resumed ") == \
+        ["resumed from runs/ckpt/checkpoints/checkpoint_3 at step 12"], out
+    second = {int(m.group(1)): m.group(0) for m in re.finditer(r"^step (\d+): loss .*$", out,
+                                                                re.MULTILINE)}
+    assert sorted(second) == list(range(13, 31))
+    assert second[13] == first[13]  # the next unseen batch, same weights, same RNG: same loss
+    assert lines(out, "finished") == ["finished: 30 steps"]
+    # rotation keeps the newest two, and never the checkpoint this run resumed from
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_3", "checkpoint_8",
+                                                      "checkpoint_9"]
+
+
+def test_gradient_accumulation_updates_once_per_four_micro_batches(workdir: Path) -> None:
+    out, _err = run(GRADIENT_ACCUMULATION, workdir)
+    assert lines(out, "2 processes x micro-batch 8 x 4 accumulation steps = 64 images")
+    counts = lines(out, "")[-2]  # "<micro> micro-batches, <updates> optimizer updates ..."
+    match = re.fullmatch(r"(\d+) micro-batches, (\d+) optimizer updates per process", counts)
+    assert match, out
+    per_epoch = -(-1500 // (2 * 8))  # 1500 training images, 2 processes, micro-batches of 8
+    assert int(match.group(1)) == 3 * per_epoch
+    assert int(match.group(2)) == 3 * -(-per_epoch // 4)  # the loader's end also updates
+    assert accuracy(out, 297) > 0.85
+
+
+def test_mixed_precision_bf16_on_cpu(workdir: Path) -> None:
+    out, _err = run(MIXED_PRECISION, workdir)
+    assert lines(out, "mixed_precision=") == [
+        "mixed_precision=bf16: convolution output torch.bfloat16, model output torch.float32, "
+        "parameters torch.float32"]
+    assert accuracy(out, 297) > 0.85
+
+
+def test_inference_splits_and_gathers_every_image_once(digits: tuple[str, str],
+                                                       workdir: Path) -> None:
+    out, err = run(INFERENCE, workdir)
+    assert "[rank 0] 149 images, ids 0..148" in err and "[rank 1] 148 images, ids 149..296" in err
+    found = lines(out, "297 predictions from 2 processes, accuracy ")
+    assert len(found) == 1, out
+    # the same model on the same images: the same accuracy as digits.py's evaluation
+    assert found[0].endswith(f"accuracy {accuracy(digits[0], 297):.4f}")
+
+
+def test_notebook_runs_in_a_jupyter_kernel(workdir: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = nbformat.read(workdir / "examples" / "notebook.ipynb", as_version=4)
+    client = nbclient.NotebookClient(notebook, timeout=TIMEOUT, kernel_name="python3",
+                                     resources={"metadata": {"path": str(workdir)}})
+    client.execute()  # raises CellExecutionError, with the cell's traceback, if a cell fails
+    text = "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                   for out in cell.outputs if out["output_type"] == "stream")
+    printed = accuracy(text, 297)
+    assert printed > 0.85
+    assert f"notebook_launcher returned rank 0's accuracy: {printed:.4f}" in text
+
+
+def test_transformers_tiny_gathers_dicts_and_saves_a_loadable_model(workdir: Path) -> None:
+    transformers = pytest.importorskip(
+        "transformers", reason="the optional extra is not installed: pip install -e "
+        "'.[transformers]' (without it the example cannot run)")
+    out, _err = run(TRANSFORMERS, workdir)
+    assert len(lines(out, "epoch 2: loss ")) == 1, out
+    accuracy(out, 201)  # 201 sequences, each once, gathered as a dict of tensors
+    from accel.checkpoint import load_model_state
+
+    saved = load_model_state(workdir / "tiny_bert")
+    model = transformers.BertForSequenceClassification.from_pretrained(workdir / "tiny_bert")
+    state = model.state_dict()
+    assert saved and all(torch.equal(state[name], tensor) for name, tensor in saved.items())
