@@ -41,9 +41,11 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 class Job:
     """``accel launch`` in a subprocess; stdout/stderr lines collected by threads."""
 
-    def __init__(self, args: list[str], tmp_path: Path, **env: str) -> None:
+    def __init__(self, args: list[str], tmp_path: Path, prefix: tuple[str, ...] = (),
+                 **env: str) -> None:
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "accel", "launch", "-q", *args],
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "accel", "launch", "-q",
+                                      *args],
                                      cwd=tmp_path, env=clean_env(tmp_path, **env), text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.out: list[tuple[float, str]] = []
