@@ -17,6 +17,8 @@ outcome, so a failure on any rank raises on all of them instead of hanging.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import shutil
 import warnings
@@ -208,10 +210,15 @@ def _resolve_input(comm: Communicator, input_dir: str | None, project_dir: str |
             choice = [ValueError("load_state() without input_dir needs Accelerator(project_dir="
                                  "...) to find <project_dir>/checkpoints/checkpoint_<n>")]
         else:
-            found = latest_complete(checkpoints_root(project_dir))
-            choice = [str(found) if found else None if missing_ok else FileNotFoundError(
-                f"no complete checkpoint under {checkpoints_root(project_dir)}; save_state() "
-                "first, pass input_dir, or load_state(missing_ok=True) to start fresh")]
+            try:
+                found = latest_complete(checkpoints_root(project_dir))
+            except OSError as exc:  # sent to every rank so that none waits in a collective
+                found = CheckpointError(f"cannot list {checkpoints_root(project_dir)}: {exc}")
+            choice = [found if isinstance(found, Exception) else str(found) if found
+                      else None if missing_ok else FileNotFoundError(
+                          f"no complete checkpoint under {checkpoints_root(project_dir)}; "
+                          "save_state() first, pass input_dir, or load_state(missing_ok=True) "
+                          "to start fresh")]
     picked = comm.broadcast_object_list(choice)[0]
     if isinstance(picked, Exception):
         raise picked
@@ -274,7 +281,7 @@ def load_accelerator_state(comm: Communicator, objs: StateObjects, input_dir: st
         _load_shared(_Loader(path, manifest, strict, ctx.rank), objs, unwrap)
         _load_rank_state(_Loader(path, manifest, strict, ctx.rank), objs, ctx.rank,
                          ctx.world_size, ctx.is_main_process)
-        mine = ("ok", str(path.resolve()), manifest.step, manifest.created)
+        mine = ("ok", manifest.step, manifest.created, _identity(manifest))
     except Exception as exc:  # reported to every rank below, then re-raised on this one
         error = exc
         mine = ("error", f"{type(exc).__name__}: {exc}")
@@ -286,10 +293,18 @@ def load_accelerator_state(comm: Communicator, objs: StateObjects, input_dir: st
         raise CheckpointError(f"load_state({path}) failed on another rank: " + "; ".join(failed),
                               path=path)
     if len(set(outcomes)) != 1:
-        raise CheckpointError(f"ranks loaded different checkpoints or steps: {outcomes}; every "
+        seen = "; ".join(f"rank {r}: step {o[1]}, written {o[2]}, files {o[3][:12]}"
+                         for r, o in enumerate(outcomes))
+        raise CheckpointError(f"ranks loaded different checkpoints from {path} ({seen}); every "
                               "rank must see the same checkpoint directory (shared filesystem)",
                               path=path)
     return path, manifest
+
+
+def _identity(manifest: Manifest) -> str:
+    """What makes two ranks' checkpoints the same one (paths may differ between nodes)."""
+    listing = sorted((rel, rec.size, rec.sha256) for rel, rec in manifest.files.items())
+    return hashlib.sha256(json.dumps(listing).encode("utf-8")).hexdigest()
 
 
 def _load_shared(ld: _Loader, objs: StateObjects, unwrap: Callable[[Any], torch.nn.Module]

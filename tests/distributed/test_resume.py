@@ -175,7 +175,24 @@ def _resumed_late(rank: int, root: str) -> dict[str, Any]:
     bad = _bad_copies(run_acc, root, out["saved"][0])
     out["strict"] = {name: _try_load(run_acc, path, True) for name, path in bad.items()}
     out["lenient"] = {name: _try_load(run_acc, path, False) for name, path in bad.items()}
+    out["diverged"] = _diverged_load(run_acc, rank, out["saved"][0])
     return {**out, "listing": listing}
+
+
+def _diverged_load(acc: Any, rank: int, path: str) -> str:
+    """Rank 1 sees another checkpoint under the same name (no shared filesystem)."""
+    import dataclasses
+
+    from accel.checkpoint import state
+
+    original = state.read_manifest
+    if rank == 1:
+        state.read_manifest = lambda p: dataclasses.replace(  # type: ignore[assignment]
+            original(p), created="1970-01-01T00:00:00+00:00")
+    try:
+        return _try_load(acc, Path(path), True)[0]
+    finally:
+        state.read_manifest = original
 
 
 def _first_batches(loader: Any, n: int) -> list[np.ndarray]:
@@ -273,7 +290,8 @@ def test_automatic_naming_and_rotation(runs: dict[str, Any]) -> None:
 
 def test_strict_loading_fails_on_every_rank(runs: dict[str, Any]) -> None:
     """A missing rank_1 RNG file or a corrupt optimizer file raises on both ranks (rank 0 is not
-    left waiting for rank 1); strict=False warns only on the ranks that were affected."""
+    left waiting for rank 1); strict=False warns only on the ranks that were affected. Ranks
+    that read different checkpoints under one name raise instead of training on."""
     for rank, result in enumerate(runs["late"]):
         rng_outcome, _ = result["strict"]["rng"]
         assert rng_outcome.startswith("CheckpointError") and "rank_1/rng.json" in rng_outcome
@@ -284,6 +302,7 @@ def test_strict_loading_fails_on_every_rank(runs: dict[str, Any]) -> None:
         assert len(rng_warned) == rank and all("rank_1/rng" in w for w in rng_warned)
         opt_warned = result["lenient"]["opt"][1]
         assert len(opt_warned) == 1 and "optimizer_0.safetensors" in opt_warned[0]
+        assert "ranks loaded different checkpoints" in result["diverged"], result["diverged"]
 
 
 def test_two_process_checkpoint_loads_in_one_process(runs: dict[str, Any]) -> None:
