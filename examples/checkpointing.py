@@ -10,7 +10,8 @@ unseen batch and reproduces the uninterrupted run's losses.
     accel launch --cpu -n 2 examples/checkpointing.py --project_dir runs/ckpt
 
 The first command stops after step 13 (as if the job had been killed); the second resumes from
-the checkpoint of step 12 and finishes. Killing the first one at any moment works the same way.
+the checkpoint of step 12 and finishes. Killing the first one at any moment works the same way,
+and with ``accel launch --max_restarts 3`` a crashed job restarts and resumes on its own.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ def main() -> None:
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
 
-    try:
-        resumed = accelerator.load_state()  # the newest complete checkpoint under project_dir
-        accelerator.print(f"resumed from {resumed} at step {progress.step}")
-    except FileNotFoundError:
+    # the newest complete checkpoint under <project_dir>/checkpoints, or None if there is none
+    resumed = accelerator.load_state(missing_ok=True)
+    if resumed is None:
         accelerator.print("no checkpoint yet: starting from scratch")
+    else:
+        accelerator.print(f"resumed from {resumed} at step {progress.step}")
 
     while progress.step < args.max_steps and progress.step != args.stop_after:
         for images, labels in train_dl:  # after load_state: the next unseen batch

@@ -16,8 +16,7 @@ import logging
 import torch
 from digits import build_model, digits_datasets  # the model and data of examples/digits.py
 
-from accel import Accelerator
-from accel.logging import get_logger
+from accel import Accelerator, get_logger
 from accel.utils import gather_object
 
 logger = get_logger(__name__, log_level="INFO")
