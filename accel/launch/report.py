@@ -170,7 +170,7 @@ def format_failure_report(failures: Sequence[Failure], name: str = "") -> str:
                      "in native code; its last output is above)")
     if root.traceback is not None and root.secondary:
         lines.append("This error means that a peer process went away: the real failure is "
-                     "probably on another\nmachine (see that machine's ROOT CAUSE), or a peer "
+                     "probably on another\nmachine (see that machine's report), or a peer "
                      "was killed from outside (OOM killer, scheduler).")
     lines.append(_RULE)
     others = sorted((f for f in failures if f is not root), key=lambda f: f.rank)
