@@ -115,6 +115,11 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
                        "with `accel config`") from None
     except IsADirectoryError:
         raise CLIError(f"config file {name} is a directory; expected a YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise CLIError(f"config file {name} is not UTF-8 text (byte {exc.start}: "
+                       f"{exc.reason}); expected a YAML file") from None
+    except OSError as exc:  # permission denied, I/O error, ...
+        raise CLIError(f"config file {name} cannot be read: {exc.strerror or exc}") from None
     except yaml.constructor.ConstructorError as exc:
         raise CLIError(
             f"config file {name} uses a YAML tag that is not allowed ({exc.problem}); accel reads "
@@ -222,9 +227,14 @@ def write_config(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
     """Write ``data`` as YAML (creating parent directories); returns the path written."""
     yaml = require("yaml", "yaml")
     target = Path(path).expanduser()
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(dict(data), fh, sort_keys=False, default_flow_style=False)
-    os.replace(tmp, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(dict(data), fh, sort_keys=False, default_flow_style=False)
+        os.replace(tmp, target)
+    except OSError as exc:
+        where = exc.filename or target
+        raise CLIError(f"cannot write config file {target}: {exc.strerror or exc} ({where}); "
+                       "pass a writable path with --config_file") from None
     return target
