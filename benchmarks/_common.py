@@ -5,8 +5,8 @@ interleaving the repeats (and rotating which variant goes first) so that drift o
 machine hits both alike. Tables show medians and the ratio to the first (baseline) column.
 
 Example:
-    >>> times = interleave({"a": lambda: None, "b": lambda: None}, repeats=3)
-    >>> sorted(times), len(times["a"])
+    >>> wall, cpu = interleave({"a": lambda: None, "b": lambda: None}, repeats=3)
+    >>> sorted(wall), len(cpu["a"])
     (['a', 'b'], 3)
     >>> print(format_table("demo", ["case", "a", "b"], [["x", 0.001, 0.002]], ratio_of=("b",)))
     ... # doctest: +NORMALIZE_WHITESPACE
@@ -87,23 +87,27 @@ def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]
     return "\n".join(text)
 
 
-def interleave(variants: Mapping[str, Callable[[], float | None]], repeats: int,
-               warmup: int = 0) -> dict[str, list[float]]:
+def interleave(variants: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 0
+               ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Run every variant ``repeats`` times, alternating them and rotating which goes first.
 
-    A variant returns its own measured seconds, or ``None`` to be timed here (wall clock).
+    Returns ``(wall, cpu)``: seconds of wall clock and of this process's CPU time (all
+    threads) per run of each variant. CPU time shows overhead even on a machine so busy that
+    wall-clock figures mostly measure waiting for a core.
     """
     names = list(variants)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for index in range(warmup + repeats):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            measured = variants[name]()
-            elapsed = time.perf_counter() - start if measured is None else float(measured)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            variants[name]()
+            elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
             if index >= warmup:
-                times[name].append(elapsed)
-    return times
+                wall[name].append(elapsed)
+                cpu[name].append(elapsed_cpu)
+    return wall, cpu
 
 
 def time_command(argv: Sequence[str], env: Mapping[str, str] | None = None,

@@ -1,0 +1,84 @@
+"""Communicator.gather's steady state (reused send buffers, one strided copy per leaf) in real
+processes over gloo: every rank builds every rank's input, so the expected result is known."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tests.spawn import run_workers
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.bool, torch.int8,
+          torch.uint8, torch.int16, torch.int32, torch.int64, torch.complex64, torch.complex128)
+
+
+def _value(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_complex:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(0, 100, shape, generator=g).to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _worker(rank: int) -> dict[str, Any]:
+    from accel.device import select_device
+    from accel.distributed import Communicator, build_context, start_process_group
+    from accel.env import detect_launch
+
+    info = detect_launch()
+    device = select_device(cpu=True)
+    ctx = build_context(info, device)
+    group = start_process_group(ctx, info, device)
+    comm = Communicator(ctx)
+    failures: list[str] = []
+
+    def check(name: str, make: Callable[[int], torch.Tensor]) -> None:
+        got = comm.gather(make(rank))
+        parts = [make(q).detach() for q in range(ctx.world_size)]
+        expected = torch.cat([p.reshape(1) if p.dim() == 0 else p for p in parts])
+        if not _same(got, expected):
+            failures.append(f"{name}: got {got!r}, expected {expected!r}")
+
+    # every dtype, three calls each (the 2nd and 3rd reuse the send buffer), values change
+    for i, dtype in enumerate(DTYPES):
+        for call in range(3):
+            check(f"{dtype} call {call}",
+                  lambda q, d=dtype, s=100 * i + 10 * call: _value(d, (3, 2), s + q))
+    # 0-d, empty, non-contiguous, requires_grad, several leaves in one structure
+    check("0-d", lambda q: torch.tensor(float(q) + 0.5))
+    check("empty", lambda q: torch.zeros(0, 4))
+    check("transposed", lambda q: torch.arange(12.0).reshape(3, 4).t() + q)
+    check("grad", lambda q: torch.ones(2, 2, requires_grad=True) * (q + 1))
+    first = comm.gather({"a": torch.full((2,), rank), "b": [torch.tensor(rank == 0)]})
+    kept = first["a"].clone()
+    second = comm.gather({"a": torch.full((2,), rank + 10), "b": [torch.tensor(rank == 1)]})
+    if not torch.equal(first["a"], kept):
+        failures.append("a later gather changed an earlier result")
+    if second["a"].tolist() != [q + 10 for q in range(ctx.world_size) for _ in range(2)]:
+        failures.append(f"second nested gather: {second['a'].tolist()}")
+    if second["b"][0].tolist() != [q == 1 for q in range(ctx.world_size)]:
+        failures.append(f"second nested bool gather: {second['b'][0].tolist()}")
+    # shapes change, then grow past the capacity, then come back (buffers rebuilt each time)
+    for step, n in enumerate((4, 4, 5, 3000, 3000, 4)):
+        check(f"resize {step}",
+              lambda q, n=n: torch.arange(n * 2, dtype=torch.int64).reshape(n, 2) + q)
+    # uneven after uniform with the same key, and more keys than buffers are kept for
+    check("uneven", lambda q: torch.ones(q + 1, 2) * q)
+    for width in range(1, 12):
+        check(f"width {width}", lambda q, w=width: torch.full((2, w), float(q)))
+    group.close()
+    return {"failures": failures}
+
+
+def test_gather_steady_state_matches_all_gather() -> None:
+    for rank, result in enumerate(run_workers(_worker, 2)):
+        assert result["failures"] == [], f"rank {rank}: {result['failures']}"
