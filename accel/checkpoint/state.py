@@ -17,6 +17,7 @@ outcome, so a failure on any rank raises on all of them instead of hanging.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -210,6 +211,7 @@ def _resolve_input(comm: Communicator, input_dir: str | None, project_dir: str |
             choice = [ValueError("load_state() without input_dir needs Accelerator(project_dir="
                                  "...) to find <project_dir>/checkpoints/checkpoint_<n>")]
         else:
+            found: Path | CheckpointError | None
             try:
                 found = latest_complete(checkpoints_root(project_dir))
             except OSError as exc:  # sent to every rank so that none waits in a collective
@@ -250,6 +252,9 @@ class _Loader:
 
     def state(self, stem: str) -> Any:
         return read_state(self.path, stem, self.manifest)
+
+    def into(self, target: Any, stem: str) -> None:
+        target.load_state_dict(self.state(stem))
 
     def model(self, index: int, model: torch.nn.Module) -> None:
         rel = f"model_{index}.safetensors"
@@ -310,17 +315,17 @@ def _identity(manifest: Manifest) -> str:
 def _load_shared(ld: _Loader, objs: StateObjects, unwrap: Callable[[Any], torch.nn.Module]
                  ) -> None:
     """Components rank 0 wrote, loaded on every rank."""
-    ld.run("manifest.json", lambda: _check_counts(ld.manifest, objs))
+    ld.run("manifest.json", functools.partial(_check_counts, ld.manifest, objs))
     for i, model in enumerate(objs.models):
-        ld.run(f"model_{i}.safetensors", lambda m=model, i=i: ld.model(i, unwrap(m)))
-    for i, opt in enumerate(objs.optimizers):
-        ld.run(f"optimizer_{i}", lambda o=opt, i=i: o.load_state_dict(ld.state(f"optimizer_{i}")))
-    for i, sched in enumerate(objs.schedulers):
-        ld.run(f"scheduler_{i}", lambda s=sched, i=i: s.load_state_dict(ld.state(f"scheduler_{i}")))
-    if objs.precision.state_dict():
-        ld.run("scaler", lambda: objs.precision.load_state_dict(ld.state("scaler")))
-    for i, obj in enumerate(objs.custom):
-        ld.run(f"custom_{i}", lambda o=obj, i=i: o.load_state_dict(ld.state(f"custom_{i}")))
+        ld.run(f"model_{i}.safetensors", functools.partial(ld.model, i, unwrap(model)))
+    stems = [*(f"optimizer_{i}" for i in range(len(objs.optimizers))),
+             *(f"scheduler_{i}" for i in range(len(objs.schedulers))),
+             *(["scaler"] if objs.precision.state_dict() else []),
+             *(f"custom_{i}" for i in range(len(objs.custom)))]
+    targets = [*objs.optimizers, *objs.schedulers,
+               *([objs.precision] if objs.precision.state_dict() else []), *objs.custom]
+    for stem, target in zip(stems, targets):
+        ld.run(stem, functools.partial(ld.into, target, stem))
 
 
 def _load_rank_state(ld: _Loader, objs: StateObjects, rank: int, world: int,
