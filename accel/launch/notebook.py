@@ -209,13 +209,15 @@ def notebook_launcher(
     from ..config import parse_mixed_precision
     from ..device.cuda import CUDADevice
 
-    _check_parent()
     if not callable(function):
         raise TypeError(f"notebook_launcher() needs a function to run in every process, got "
                         f"{type(function).__name__} {function!r}")
     if num_processes is not None and (isinstance(num_processes, bool)
                                       or not isinstance(num_processes, int)):
         raise TypeError(f"num_processes must be an int >= 1, got {num_processes!r}")
+    if num_processes is not None and num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    _check_parent()
     precision = parse_mixed_precision(mixed_precision).value
     ids = None if gpu_ids is None else (
         gpu_ids if isinstance(gpu_ids, str) else ",".join(str(i) for i in gpu_ids))
