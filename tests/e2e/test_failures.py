@@ -295,3 +295,165 @@ def test_restart_after_a_crash_resumes_from_the_newest_checkpoint(tmp_path: Path
     assert resumed["steps"] == expected["steps"] == 18
     assert resumed["params"] == expected["params"]  # bit for bit
     drill("crash + restart + resume to the end", ended - crashed.started)
+
+
+# ----------------------------------------------------------------------------- bad input
+PY_TAG = 'num_processes: !!python/object/apply:os.system ["touch {marker}"]\n'
+BAD_CLI: list[tuple[str, list[str], dict[str, str], str]] = [
+    # (name, argv after `accel`, files to create {name: text}, expected text in the one line)
+    ("negative processes", ["launch", "--cpu", "-n", "-2", "ok.py"], {},
+     "must be an integer >= 1, got '-2'"),
+    ("zero processes", ["launch", "--cpu", "-n", "0", "ok.py"], {}, ">= 1, got '0'"),
+    ("wrong type", ["launch", "--cpu", "-n", "two", "ok.py"], {}, "got 'two'"),
+    ("unknown precision", ["launch", "--cpu", "--mixed_precision", "fp8", "ok.py"], {},
+     "invalid choice: 'fp8'"),
+    ("unknown flag", ["launch", "--cpu", "--no_such_flag", "ok.py"], {},
+     "unrecognized arguments: --no_such_flag"),
+    ("unknown command", ["lanch"], {}, "invalid choice: 'lanch'"),
+    ("missing script", ["launch", "--cpu", "nope.py"], {}, "script 'nope.py' does not exist"),
+    ("no script", ["launch", "--cpu"], {}, "no script given"),
+    ("port out of range", ["launch", "--cpu", "--main_process_port", "70000", "ok.py"], {},
+     "must be a port in [0, 65535]"),
+    ("negative restarts", ["launch", "--cpu", "--max_restarts", "-1", "ok.py"], {},
+     ">= 0, got '-1'"),
+    ("machine rank too big", ["launch", "--cpu", "--num_machines", "2", "--machine_rank", "3",
+                              "--main_process_ip", "10.0.0.1", "--main_process_port", "5",
+                              "ok.py"], {}, "--machine_rank 3 must be < --num_machines 2"),
+    ("multi-node without address", ["launch", "--cpu", "--num_machines", "2", "ok.py"], {},
+     "needs --main_process_ip and --main_process_port"),
+    ("missing config", ["launch", "--cpu", "--config_file", "/nonexistent/c.yaml", "ok.py"], {},
+     "config file /nonexistent/c.yaml does not exist"),
+    ("config is a directory", ["launch", "--cpu", "--config_file", "adir", "ok.py"], {},
+     "is a directory"),
+    ("malformed YAML", ["launch", "--cpu", "--config_file", "bad.yaml", "ok.py"],
+     {"bad.yaml": "num_processes: [1,\n"}, "is not valid YAML"),
+    ("YAML python tag", ["launch", "--cpu", "--config_file", "tag.yaml", "ok.py"],
+     {"tag.yaml": PY_TAG}, "uses a YAML tag that is not allowed"),
+    ("YAML wrong type", ["launch", "--cpu", "--config_file", "t.yaml", "ok.py"],
+     {"t.yaml": "num_processes: many\n"}, "must be an integer >= 1, got 'many'"),
+    ("YAML unknown precision", ["launch", "--cpu", "--config_file", "p.yaml", "ok.py"],
+     {"p.yaml": "mixed_precision: fp8\n"}, "'fp8' is not a mixed precision mode"),
+    ("YAML list", ["launch", "--cpu", "--config_file", "l.yaml", "ok.py"],
+     {"l.yaml": "- 1\n- 2\n"}, "is a list; expected a mapping"),
+    ("binary config", ["launch", "--cpu", "--config_file", "b.yaml", "ok.py"],
+     {"b.yaml": "\udcff\udcfe"}, "is not UTF-8 text"),
+    ("unwritable config path", ["config", "--config_file", "/proc/nonsense/c.yaml", "default"],
+     {}, "cannot write config file /proc/nonsense/c.yaml"),
+    ("bad join_timeout", ["launch", "--cpu", "-q", "--num_machines", "2", "--machine_rank", "1",
+                          "--main_process_ip", "127.0.0.1", "--main_process_port", "5",
+                          "--rdzv_conf", "join_timeout=abc", "ok.py"], {},
+     "join_timeout='abc' must be a number of seconds > 0"),
+]
+
+
+@pytest.mark.parametrize("name, argv, files, expected", BAD_CLI, ids=[c[0] for c in BAD_CLI])
+def test_bad_cli_input_is_one_line_and_exit_2(name: str, argv: list[str], files: dict[str, str],
+                                              expected: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from accel.launch import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    (tmp_path / "adir").mkdir()
+    marker = tmp_path / "PWNED"
+    for file, text in files.items():
+        (tmp_path / file).write_bytes(text.format(marker=marker).encode("utf-8", "surrogateescape"))
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert expected in err, err
+    assert "Traceback" not in err, err
+    assert [line for line in err.splitlines() if "error:" in line] == \
+        [line for line in err.splitlines() if expected in line], err  # one line says it all
+    assert not marker.exists()  # the python tag never ran
+
+
+@pytest.mark.slow
+def test_bad_cli_input_through_the_real_command(tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    (tmp_path / "tag.yaml").write_text(PY_TAG.format(marker=marker))
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    for argv, expected in ((["--no_such_flag", "ok.py"], "unrecognized arguments"),
+                           (["--config_file", "tag.yaml", "ok.py"], "YAML tag"),
+                           (["-n", "-1", "ok.py"], "must be an integer >= 1")):
+        done = subprocess.run([sys.executable, "-m", "accel", "launch", "--cpu", *argv],
+                              cwd=tmp_path, env=clean_env(tmp_path), capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 2 and expected in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and "ran" not in done.stdout
+    assert not marker.exists()
+
+
+def _accelerator(**kwargs: Any) -> Any:
+    from accel import Accelerator
+
+    return Accelerator(**kwargs)
+
+
+BAD_API: list[tuple[str, Any, type[BaseException], str]] = [
+    ("unknown precision", lambda: _accelerator(cpu=True, mixed_precision="fp8"), ValueError,
+     "unknown mixed_precision 'fp8'"),
+    ("precision wrong type", lambda: _accelerator(cpu=True, mixed_precision=3), TypeError,
+     "mixed_precision must be a string"),
+    ("negative accumulation", lambda: _accelerator(cpu=True, gradient_accumulation_steps=-1),
+     ValueError, "gradient_accumulation_steps must be an integer >= 1"),
+    ("accumulation wrong type", lambda: _accelerator(cpu=True, gradient_accumulation_steps="2"),
+     ValueError, "got '2'"),
+    ("negative timeout", lambda: _accelerator(cpu=True, timeout=-5), ValueError,
+     "timeout must be positive"),
+    ("timeout wrong type", lambda: _accelerator(cpu=True, timeout="abc"), TypeError,
+     "timeout must be seconds"),
+    ("unknown device", lambda: _accelerator(device="tpu9"), ValueError,
+     "'tpu9' is not a device kind"),
+    ("unknown argument", lambda: _accelerator(cpu=True, foo=1), TypeError,
+     "unsupported argument 'foo'"),
+    ("prepare a string", lambda: _accelerator(cpu=True).prepare("text"), TypeError,
+     "prepare() cannot handle str"),
+    ("unknown reduction", lambda: _accelerator(cpu=True).reduce(_ones(), "median"), ValueError,
+     "unknown reduction 'median'"),
+    ("save to a nonsense path", lambda: _accelerator(cpu=True).save_state("/proc/x/ckpt"),
+     Exception, "/proc/x"),
+    ("load a nonsense path", lambda: _accelerator(cpu=True).load_state("/nonexistent/ckpt"),
+     Exception, "/nonexistent/ckpt"),
+    ("on_signal not callable", lambda: _accelerator(cpu=True).on_signal(3), TypeError,
+     "needs a callable handler"),
+    ("notebook negative processes", lambda: _notebook(print, num_processes=-1), ValueError,
+     "num_processes must be >= 1"),
+    ("notebook processes wrong type", lambda: _notebook(print, num_processes="2"), TypeError,
+     "num_processes must be an int"),
+    ("notebook not a function", lambda: _notebook("f", num_processes=2), TypeError,
+     "needs a function"),
+]
+
+
+def _ones() -> Any:
+    import torch
+
+    return torch.ones(2)
+
+
+def _notebook(*args: Any, **kwargs: Any) -> Any:
+    from accel import notebook_launcher
+
+    return notebook_launcher(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name, call, kind, expected", BAD_API, ids=[c[0] for c in BAD_API])
+def test_bad_api_input_raises_a_clear_error_from_accel(name: str, call: Any,
+                                                       kind: type[BaseException], expected: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import traceback
+
+    for var in [v for v in os.environ if v.startswith(("ACCEL_", "TORCHELASTIC_"))] + \
+            ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"]:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(kind) as info:
+        call()
+    assert expected in str(info.value)
+    last = traceback.extract_tb(info.value.__traceback__)[-1].filename
+    assert os.sep + "accel" + os.sep in last, f"raised from {last}, not from accel"
