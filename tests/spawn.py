@@ -53,7 +53,8 @@ def _child(fn: Callable[..., Any], rank: int, env: Mapping[str, str], args: tupl
 
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "accel"])
+    # torch._dynamo is imported by the first Optimizer(): preloading it saves ~10 s per child.
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "accel"])
     return ctx
 
 

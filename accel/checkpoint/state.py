@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _tree
 from ..device import Device
 from ..distributed import Communicator
 from .errors import CheckpointError
@@ -101,6 +102,11 @@ def _check_counts(manifest: Manifest, objs: StateObjects) -> None:
                          "same order before load_state()")
 
 
+def _on_cpu(state: Any) -> Any:
+    """Tensors of ``state`` on the CPU (XLA/CUDA tensors cannot be written directly)."""
+    return _tree.apply(lambda t: t if t.device.type == "cpu" else t.detach().cpu(), state)
+
+
 def _cpu_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
@@ -113,14 +119,14 @@ def _write_rank_files(tmp: Path, objs: StateObjects, rank: int,
             rel = f"model_{i}.safetensors"
             records[rel] = write_tensors(tmp, rel, _cpu_state_dict(unwrap(model)))
         for i, opt in enumerate(objs.optimizers):
-            records.update(write_state(tmp, f"optimizer_{i}", opt.state_dict()))
+            records.update(write_state(tmp, f"optimizer_{i}", _on_cpu(opt.state_dict())))
         for i, sched in enumerate(objs.schedulers):
-            records.update(write_state(tmp, f"scheduler_{i}", sched.state_dict()))
+            records.update(write_state(tmp, f"scheduler_{i}", _on_cpu(sched.state_dict())))
         scaler = objs.precision.state_dict()
         if scaler:
-            records.update(write_state(tmp, "scaler", scaler))
+            records.update(write_state(tmp, "scaler", _on_cpu(scaler)))
         for i, obj in enumerate(objs.custom):
-            records.update(write_state(tmp, f"custom_{i}", obj.state_dict()))
+            records.update(write_state(tmp, f"custom_{i}", _on_cpu(obj.state_dict())))
     records.update(write_state(tmp, f"rank_{rank}/rng", _rng_state(objs.device)))
     records.update(write_state(tmp, f"rank_{rank}/loaders",
                                [loader.state_dict() for loader in objs.loaders]))
