@@ -5,5 +5,6 @@ from __future__ import annotations
 import os
 import time
 
-print("READY", os.environ["RANK"], os.getpid(), flush=True)
+# one write(): the ranks share the launcher's stdout and print() writes the newline separately
+os.write(1, f"READY {os.environ['RANK']} {os.getpid()}\n".encode())
 time.sleep(120)
