@@ -112,12 +112,51 @@ def _failures(exc: Any) -> list[Failure]:
     return out
 
 
+class _RestartNotice(logging.Filter):
+    """Say so when the agent restarts the workers (torchelastic logs it at INFO only)."""
+
+    def __init__(self, debug: bool) -> None:
+        super().__init__()
+        self.debug = debug
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if "will restart worker group" in str(record.msg) and len(args) == 4:
+            _, state, left, total = args
+            failed = _failed_attempt()
+            if failed:
+                print(format_failure_report(failed), file=sys.stderr, flush=True)
+            print(f"accel launch: restarting all workers after the failure above, restart "
+                  f"{int(total) - int(left) + 1} of {total} (--max_restarts; state {state})",
+                  file=sys.stderr, flush=True)
+        return self.debug or record.levelno >= logging.WARNING
+
+
+def _failed_attempt() -> list[Failure]:
+    """The failures of the attempt being restarted, read from the agent's frame (best effort).
+
+    torchelastic does not log them before a restart; without this the root cause of every
+    attempt but the last would be lost.
+    """
+    frame = sys._getframe(1)
+    for _ in range(30):
+        if frame is None:
+            break
+        result = frame.f_locals.get("run_result")
+        if result is not None and isinstance(getattr(result, "failures", None), Mapping):
+            return _failures(result) if result.failures else []
+        frame = frame.f_back
+    return []
+
+
 def _quiet_torch_logs(debug: bool) -> None:
     # torchelastic logs every failed worker at ERROR level; our report replaces those lines.
     level = logging.INFO if debug else logging.CRITICAL
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(level)
-    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(
-        logging.INFO if debug else logging.WARNING)
+    agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    agent.setLevel(logging.INFO)  # the filter keeps WARNING and up (everything with --debug)
+    if not any(isinstance(f, _RestartNotice) for f in agent.filters):
+        agent.addFilter(_RestartNotice(debug))
 
 
 def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -> int:

@@ -292,6 +292,11 @@ def test_restart_after_a_crash_resumes_from_the_newest_checkpoint(tmp_path: Path
     err = crashed.text("err")
     assert code == 0, err
     assert "RuntimeError: injected crash at step 10" in err
+    # the failed attempt's root cause is printed before the restart (torchelastic drops it)
+    before, _, after = err.partition("restarting all workers after the failure above, restart "
+                                     "1 of 1")
+    assert "ROOT CAUSE: rank 1" in before and 'fail_restart.py", line' in before, err
+    assert "ROOT CAUSE" not in after, err  # the second attempt succeeded
     expected, resumed = _result(plain), _result(crashed)
     assert (expected["attempt"], resumed["attempt"]) == (0, 1)
     # checkpoints at steps 4 and 8 (total_limit=2): the crash at 10 resumes from step 8
