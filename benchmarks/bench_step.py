@@ -41,8 +41,9 @@ class Case:
     accumulate: bool = False
 
 
-CASES = (Case("tiny", 16, 1, 32, 50), Case("tiny + accumulate()", 16, 1, 32, 50, True),
-         Case("medium", 512, 4, 64, 4))
+CASES: tuple[Case, ...] = (Case("tiny", 16, 1, 32, 50),
+                           Case("tiny + accumulate()", 16, 1, 32, 50, True),
+                           Case("medium", 512, 4, 64, 4))
 
 
 def _model(case: Case) -> Any:
@@ -94,7 +95,8 @@ def _torch_variant(case: Case, rank: int, world: int) -> Callable[[], None]:
     model = DistributedDataParallel(_model(case))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     dataset = _dataset(case, world)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=world,
+                                                          rank=rank, shuffle=True, seed=0)
     loop = _Loop(DataLoader(dataset, batch_size=case.batch, sampler=sampler), sampler.set_epoch)
 
     def block() -> None:

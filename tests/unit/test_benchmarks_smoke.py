@@ -1,0 +1,67 @@
+"""The benchmark scripts run (``--quick``: tiny repeat counts). No timing is asserted here:
+the figures live in the scripts' output, see benchmarks/README.md."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, title", [
+    ("bench_step.py", "Wall time per training step"),
+    ("bench_gather.py", "Wall time per gather"),
+    ("bench_import.py", "Fresh-interpreter wall time"),
+    ("bench_launch.py", "Launch of 2 CPU processes"),
+])
+def test_cpu_benchmark_runs(script: str, title: str) -> None:
+    done = _run(str(BENCH / script), "--quick", "--no-accelerate")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert title in done.stdout and "target" in done.stdout, done.stdout
+    assert "accelerate" not in done.stdout, done.stdout  # --no-accelerate: no third column
+
+
+def test_gpu_benchmark_says_why_without_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the message for machines without one cannot be checked")
+    done = _run(str(BENCH / "bench_gpu.py"), "--quick")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "needs a CUDA GPU" in done.stderr and "torch.cuda.is_available() is False" in done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_code_runs_on_cpu() -> None:
+    done = _run(str(BENCH / "bench_gpu.py"), "--cpu", "--quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bf16 training step" in done.stdout and "fp16 training step" in done.stdout
+    assert "gather_for_metrics" in done.stdout, done.stdout
+
+
+def test_common_table_and_interleave() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common
+    finally:
+        sys.path.remove(str(BENCH))
+    order: list[str] = []
+    wall, cpu = _common.interleave({"a": lambda: order.append("a"),
+                                    "b": lambda: order.append("b")}, repeats=3, warmup=1)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]  # rotated: drift hits both
+    assert len(wall["a"]) == len(cpu["b"]) == 3
+    table = _common.format_table("t", ["case", "torch", "accel"], [["x", 0.002, 0.003]],
+                                 ratio_of=["accel"])
+    assert table.splitlines()[1].split() == ["case", "torch", "accel", "accel", "/", "torch"]
+    assert table.splitlines()[2].split() == ["x", "2.00", "ms", "3.00", "ms", "1.50"]
