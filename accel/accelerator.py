@@ -36,13 +36,14 @@ from .checkpoint.state import StateObjects, load_accelerator_state, save_acceler
 from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
                      GradientAccumulationPlugin, KwargsHandler, PrecisionType,
                      ProjectConfiguration)
-from .data import DataTracker, PreparedDataLoader, prepare_data_loader, send_to_device
+from .data import DataTracker, PreparedDataLoader, send_to_device, skip_first_batches
 from .device import select_device
 from .distributed import Communicator, build_context, start_process_group
 from .distributed.debug import consistency_check
 from .distributed.stall import CollectiveMonitor
 from .distributed.sync import leader_first, split_for_rank
-from .precision import check_trainable_dtypes, make_precision
+from .precision import make_precision
+from .preparation import Preparer, remove_autocast
 from .settings import (UNSUPPORTED_ARGUMENTS, resolve_accumulation, resolve_precision,
                        resolve_timeout, sort_handlers)
 from .strategy import select_strategy, unwrap_module
@@ -51,28 +52,6 @@ from .training import StepController
 from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 __all__ = ["Accelerator"]
-
-
-def _is_scheduler(obj: Any) -> bool:
-    base = getattr(torch.optim.lr_scheduler, "LRScheduler", None)
-    return (base is not None and isinstance(obj, base)) or isinstance(
-        obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
-
-
-def _to_fp32(data: Any) -> Any:
-    return _tree.apply(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
-                       data)
-
-
-def _remove_autocast(module: nn.Module) -> None:
-    patched = module.__dict__.get("forward")
-    original = getattr(patched, "_accel_original", None)
-    if original is None:
-        return
-    if getattr(original, "__func__", None) is type(module).forward:
-        del module.__dict__["forward"]  # back to the class's own forward
-    else:
-        module.forward = original  # type: ignore[method-assign]
 
 
 class Accelerator:
@@ -154,13 +133,13 @@ class Accelerator:
             sync_with_dataloader=plugin.sync_with_dataloader,
             sync_each_batch=plugin.sync_each_batch)
         self._tracker = DataTracker()
-        self._models: list[nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[PreparedDataLoader] = []
+        self._prep = Preparer(self._comm, self._precision, self._strategy, self._accumulation,
+                              self._tracker, self.dataloader_config,
+                              step_scheduler_with_optimizer, self.sync_batchnorm)
+        # the registries live on the preparer; these names share the same lists
+        self._models, self._optimizers = self._prep.models, self._prep.optimizers
+        self._schedulers, self._dataloaders = self._prep.schedulers, self._prep.dataloaders
         self._custom_objects: list[Any] = []
-        self._prepared_ids: set[int] = set()
-        self._data_seed: int | None = None
         self._sections = 0
         self._trigger = False
         self._loaded_dir: Any = None
@@ -278,127 +257,33 @@ class Accelerator:
             TypeError: an object of an unsupported kind, naming it.
             ValueError: the same object passed twice.
         """
-        if device_placement is not None and len(device_placement) != len(args):
-            raise ValueError(f"device_placement has {len(device_placement)} entries for "
-                             f"{len(args)} objects; give one bool per object")
-        seen: set[int] = set()
-        for obj in args:
-            if id(obj) in seen:
-                raise ValueError(f"prepare() got the same {type(obj).__name__} twice; "
-                                 "pass each object once")
-            seen.add(id(obj))
         places = device_placement or [self.device_placement] * len(args)
-        out: list[Any] = list(args)
-        done = {i for i, obj in enumerate(args) if id(obj) in self._prepared_ids}
-        order = (nn.Module, torch.optim.Optimizer, "scheduler", torch.utils.data.DataLoader)
-        moved: dict[int, nn.Parameter] = {}  # old -> new parameter objects (XLA replaces them)
-        for kind in order:  # models first so optimizers see moved parameters
-            for i, obj in enumerate(args):
-                if i in done:
-                    continue
-                if kind == "scheduler" and _is_scheduler(obj):
-                    out[i] = self._prepare_scheduler(obj)
-                elif isinstance(kind, type) and isinstance(obj, kind):
-                    before = list(obj.parameters()) if isinstance(obj, nn.Module) else []
-                    if isinstance(obj, torch.optim.Optimizer):
-                        self._retarget(obj, moved)
-                    out[i] = self._prepare_one(obj, places[i])
-                    if before:
-                        moved.update({id(o): n for o, n in zip(before, obj.parameters())
-                                      if o is not n})
-                else:
-                    continue
-                done.add(i)
-        for i, obj in enumerate(args):
-            if i not in done:
-                raise TypeError(
-                    f"prepare() cannot handle {type(obj).__name__} (argument {i}); it accepts "
-                    "nn.Module, torch.optim.Optimizer, LR schedulers and torch DataLoader")
-            self._prepared_ids.add(id(out[i]))
+        out = self._prep.prepare(args, places)
         return out[0] if len(out) == 1 else tuple(out)
-
-    def _retarget(self, optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter]) -> None:
-        """Point the optimizer at the model's placed parameters (new objects on XLA)."""
-        for group in optimizer.param_groups:
-            group["params"] = [moved.get(id(p), p) for p in group["params"]]
-        if self.device_placement and self.device.type == "xla":
-            stale = [p for g in optimizer.param_groups for p in g["params"]
-                     if p.device.type != self.device.type]
-            if stale:
-                raise ValueError(
-                    f"{len(stale)} optimizer parameter(s) are not on {self.device}; pass the "
-                    "model and its optimizer to the same prepare() call, or create the "
-                    "optimizer after prepare(model)")
-
-    def _prepare_one(self, obj: Any, place: bool) -> Any:
-        if isinstance(obj, nn.Module):
-            return self.prepare_model(obj, device_placement=place)
-        if isinstance(obj, torch.optim.Optimizer):
-            opt = AcceleratedOptimizer(obj, self._precision, self._strategy, self._accumulation)
-            self._optimizers.append(opt)
-            return opt
-        return self.prepare_data_loader(obj, device_placement=place)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> nn.Module:
-        """Move ``model`` to the device, wrap it for the strategy (DDP), add autocast."""
-        check_trainable_dtypes(self._precision_mode, model.named_parameters())
-        strategy = self._strategy
-        if device_placement is False and strategy.place:
-            strategy = select_strategy(self.state, False, strategy.ddp_kwargs)
-        if evaluation_mode:  # inference only: placed, never wrapped in DDP
-            wrapped = model.to(self.device) if strategy.place else model
-        else:
-            wrapped = strategy.wrap_model(model, self.sync_batchnorm)
-        if self._precision_mode is not PrecisionType.NO:
-            original = wrapped.forward
-            context = self._precision.forward_context
-
-            @functools.wraps(original)
-            def forward(*a: Any, **kw: Any) -> Any:
-                with context():
-                    return _to_fp32(original(*a, **kw))
-
-            forward._accel_original = original  # type: ignore[attr-defined]
-            wrapped.forward = forward  # type: ignore[method-assign]
-        self._models.append(wrapped)
+        """Move ``model`` to the device, wrap it (DDP) unless ``evaluation_mode``, add autocast."""
+        place = self.device_placement if device_placement is None else device_placement
+        wrapped = self._prep.prepare_model(model, place, evaluation_mode)
+        self._prep.prepared_ids.add(id(wrapped))
         return wrapped
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader,
                             device_placement: bool | None = None) -> PreparedDataLoader:
         """Shard ``data_loader`` by rank and move its batches to the device."""
         place = self.device_placement if device_placement is None else device_placement
-        loader = prepare_data_loader(
-            data_loader, ctx=self.state, comm=self._comm,
-            device=self.device if place else None, config=self.dataloader_config,
-            tracker=self._tracker, seed=self._agreed_seed())
-        self._dataloaders.append(loader)
-        return loader
+        return self._prep.prepare_data_loader(data_loader, place)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         return self.prepare(optimizer)  # type: ignore[no-any-return]
 
-    def _prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        inner = getattr(scheduler, "optimizer", None)
-        optimizers = [o for o in self._optimizers if o.optimizer is inner or o is inner]
-        wrapped = AcceleratedScheduler(
-            scheduler, optimizers or list(self._optimizers), self._accumulation,
-            self.num_processes, self.dataloader_config.split_batches,
-            self.step_scheduler_with_optimizer)
-        self._schedulers.append(wrapped)
-        return wrapped
-
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         return self.prepare(scheduler)  # type: ignore[no-any-return]
 
-    def _agreed_seed(self) -> int:
-        """The data-order seed every rank uses (data_seed, else rank 0's torch seed)."""
-        if self._data_seed is None:
-            seed = self.dataloader_config.data_seed
-            if seed is None:
-                seed = self._comm.broadcast_object_list([torch.initial_seed() % (2**63)])[0]
-            self._data_seed = int(seed)
-        return self._data_seed
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that starts after ``num_batches`` (not needed after ``load_state``)."""
+        return skip_first_batches(dataloader, num_batches)
 
     # -- training step -------------------------------------------------------------------------
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -458,7 +343,7 @@ class Accelerator:
         inner = unwrap_module(model)
         if not keep_fp32_wrapper:
             for module in {id(model): model, id(inner): inner}.values():
-                _remove_autocast(module)
+                remove_autocast(module)
         return inner
 
     # -- collectives ---------------------------------------------------------------------------
@@ -732,11 +617,7 @@ class Accelerator:
     # -- memory --------------------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop accel's references to prepared objects and release cached device memory."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self._prepared_ids.clear()
+        self._prep.clear()
         return release_memory(*objects)
 
     clear = free_memory

@@ -53,7 +53,8 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/tracking/*", "L3"),
     ("accel/memory.py", "L3"),
     ("accel/wrappers.py", "L4"),
-    ("accel/training.py", "L4"),  # backward / accumulation / clipping for the facade
+    ("accel/training.py", "L4"),
+    ("accel/preparation.py", "L4"),  # what prepare() does per object kind; the registries  # backward / accumulation / clipping for the facade
     ("accel/checkpoint/*", "L4"),
     ("accel/utils.py", "utils"),  # public re-export layer: anything below L5
     ("accel/utils/*", "utils"),
