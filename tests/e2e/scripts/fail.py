@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader
@@ -38,9 +39,12 @@ def main() -> None:
                         persistent_workers=True)
     batches = iter(loader)
     next(batches)  # both workers are running now
-    comm.barrier()
-    while len(os.listdir(PID_DIR)) < 2 * ctx.world_size:  # every rank's workers recorded
-        comm.barrier()
+    while True:  # until every rank's workers have recorded their pids; decided together so
+        #          that no rank leaves the loop (and calls another collective) alone
+        ready = float(len(os.listdir(PID_DIR)) >= 2 * ctx.world_size)
+        if comm.reduce(torch.tensor([ready]), "min").item() == 1.0:
+            break
+        time.sleep(0.05)
     if ctx.rank == 1:
         explode(ctx.rank)
     comm.reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes
