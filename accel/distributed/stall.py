@@ -45,7 +45,7 @@ _PREFIX = "stall/"
 _REQUEST = "signal/request"
 _SEEN = "signal/seen/"
 #: How long ranks wait for each other to agree on where to run a signal handler (seconds).
-_AGREE_SECONDS = 60.0
+_AGREE_SECONDS = 20.0  # below torchelastic's 30 s between SIGTERM and SIGKILL
 
 _SKIP_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
               os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
@@ -180,7 +180,8 @@ class CollectiveMonitor:
         When any rank receives one of ``signals``, every rank stops at the next sync point that
         no rank has reached yet (a collective issued through accel, or ``point()``), all call
         ``handler(signum)`` there - so collectives such as ``save_state`` work inside it - and
-        then raise ``SystemExit(128 + signum)``. Must be called on every rank, in the main thread.
+        then raise ``SystemExit(128 + signum)``. A second signal before that point stops the
+        process at once, as without a handler. Must be called on every rank, in the main thread.
         """
         if not callable(handler):
             raise TypeError(f"on_signal() needs a callable handler(signum), got {handler!r}")
@@ -197,6 +198,14 @@ class CollectiveMonitor:
         # Runs between two bytecodes of the main thread: only set a flag (no locks, no I/O).
         if self._local_signal is None:
             self._local_signal = signum
+            return
+        if self._handling:
+            return  # the handler is saving: let it finish
+        # A second signal before any sync point came: stop now, as without on_signal.
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def _request(self, signum: int, store: dist.Store | None) -> None:
         """Freeze this rank's point count and publish it (once); used by both threads."""

@@ -138,3 +138,17 @@ def test_on_signal_checks_its_arguments() -> None:
     monitor = CollectiveMonitor(0, 1, None)
     with pytest.raises(TypeError, match="needs a callable handler"):
         monitor.on_signal("save")  # type: ignore[arg-type]
+
+
+def test_a_second_sigint_before_any_sync_point_interrupts_at_once() -> None:
+    monitor = CollectiveMonitor(0, 1, None)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        monitor.on_signal(lambda signum: None, signals=(signal.SIGINT,))
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
