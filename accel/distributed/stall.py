@@ -108,7 +108,6 @@ class CollectiveMonitor:
         self._key = f"{_PREFIX}{rank}"
         self.points = 0  # sync points passed (collectives at depth 1 and point() calls)
         self._depth = 0
-        self._last: tuple[int, str, str] = (0, "start", "")
         self._pending: tuple[int, str, str, float] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -142,9 +141,6 @@ class CollectiveMonitor:
 
     def _exit(self) -> None:
         self._depth -= 1
-        pending = self._pending
-        if pending is not None:
-            self._last = pending[:3]
         self._pending = None
 
     def _publish(self, seq: int, op: str, site: str) -> None:
@@ -188,6 +184,9 @@ class CollectiveMonitor:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("on_signal() must be called from the main thread (Python only "
                                "delivers signals there)")
+        if self.world_size > 1 and self._store is None:
+            raise RuntimeError("on_signal() needs the process group's c10d store to agree "
+                               "across ranks, and this process group has none")
         for sig in signals:
             signal.signal(sig, self._on_os_signal)
         self._handler = handler
@@ -248,11 +247,11 @@ class CollectiveMonitor:
     def _run_handler(self, signum: int, name: str, here: int) -> None:
         self._say(f"{name} received: running the on_signal handler at sync point #{here} "
                   f"(agreed by all {self.world_size} rank(s))")
-        self._handling = True
+        handler, self._handling = self._handler, True
         try:
-            self._handler(signum)  # type: ignore[misc]
+            handler(signum)  # type: ignore[misc]
         finally:
-            self._handling = False
+            self._handling, self._handler = False, None  # once: later points are plain again
         self._say(f"on_signal handler done; exiting with {128 + signum}")
         raise SystemExit(128 + signum)
 
@@ -263,10 +262,11 @@ class CollectiveMonitor:
         self._thread.start()
 
     def _watch(self) -> None:
-        assert self._store is not None
+        if self._store is None:
+            return
         try:
             store = self._store.clone()  # its own connection: never waits on the main thread
-        except RuntimeError:
+        except RuntimeError:  # a store without clone(): share the main thread's connection
             store = self._store
         reported = -1
         while not self._stop.wait(self._period):
