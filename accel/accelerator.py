@@ -361,7 +361,7 @@ class Accelerator:
         except TypeError:
             tensors_only = False
         if use_gather_object or not tensors_only:
-            return self._comm.gather_object(data)
+            return self._comm.gather_object(data, group=group)
         return self._comm.gather(data, group=group)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:

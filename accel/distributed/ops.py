@@ -251,13 +251,18 @@ class Communicator:
                 offset += _align(nbytes)
         return [torch.cat(p).to(t.device) for p, t in zip(parts, leaves)]
 
-    def gather_object(self, obj: Any) -> list[Any]:
-        """Gather picklable objects; lists/tuples are concatenated, other objects listed."""
+    def gather_object(self, obj: Any, group: Any = None) -> list[Any]:
+        """Gather picklable objects; lists/tuples are concatenated, other objects listed.
+
+        ``group`` restricts the gather to a subgroup (hooks, which assume every rank takes
+        part, are skipped then).
+        """
         if not self.ctx.is_distributed:
             return list(obj) if isinstance(obj, (list, tuple)) else [obj]
-        out: list[Any] = [None] * self.ctx.world_size
-        with self._collective("gather_object", ()):
-            dist.all_gather_object(out, obj)
+        size = self.ctx.world_size if group is None else dist.get_world_size(group)
+        out: list[Any] = [None] * size
+        with self._collective("gather_object", ()) if group is None else contextlib.nullcontext():
+            dist.all_gather_object(out, obj, group=group)
         if all(isinstance(item, (list, tuple)) for item in out):
             return [x for item in out for x in item]
         return out

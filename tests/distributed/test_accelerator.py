@@ -85,6 +85,15 @@ def _worker(rank: int) -> dict[str, Any]:
     for x, _ in dl:
         out["metrics_obj"] += acc.gather_for_metrics([f"s{int(v)}" for v in x])
 
+    # even_batches=False: the last round has a batch on rank 0 only; no hang, exact on rank 0
+    from accel import DataLoaderConfiguration
+    acc_u = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=False))
+    dl_u = acc_u.prepare(DataLoader(list(range(5)), batch_size=2))
+    out["uneven_obj"], out["uneven_t"] = [], []
+    for batch in dl_u:
+        out["uneven_obj"] += acc_u.gather_for_metrics([f"u{int(v)}" for v in batch])
+        out["uneven_t"] += acc_u.gather_for_metrics(batch).tolist()
+
     # coordination: main_process_first must not trip the (short) collective timeout
     with acc.main_process_first():
         if acc.is_main_process:
@@ -117,6 +126,10 @@ def test_accelerator_two_processes() -> None:
         assert r["independent"] == (1, 3)
         assert r["metrics"] == ([10.0 * i for i in range(7)], list(range(7)))
         assert r["metrics_obj"] == [f"s{i}" for i in range(7)]
+        # rank 1 has no batch in the last round, so it sees the first 4 samples only
+        n_seen = 5 if rank == 0 else 4
+        assert r["uneven_obj"] == [f"u{i}" for i in range(n_seen)]
+        assert r["uneven_t"] == list(range(n_seen))
         assert r["split"] == ([0, 1, 2] if rank == 0 else [3, 4, 4])
         assert r["trigger"] is True and r["trigger_reset"] is False
         assert r["on_main"] == ("ran" if rank == 0 else None)
