@@ -50,8 +50,9 @@ def main() -> None:
         accelerator.backward(model(batch).sum())
         optimizer.step()
         optimizer.zero_grad()
-    while len([n for n in os.listdir(PID_DIR) if n.endswith(".pid")]) < 3 * accelerator.num_processes:
-        time.sleep(0.05)  # every rank and every loader worker has recorded its pid
+    expected = 3 * accelerator.num_processes  # every rank and its two loader workers
+    while len([n for n in os.listdir(PID_DIR) if n.endswith(".pid")]) < expected:
+        time.sleep(0.05)
     accelerator.wait_for_everyone()
     os.write(1, f"READY {accelerator.process_index}\n".encode())  # one write: no interleaving
     rank = accelerator.process_index
