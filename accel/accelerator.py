@@ -86,6 +86,8 @@ class Accelerator:
         if not isinstance(device_placement, bool):
             raise TypeError(f"device_placement must be True or False, got {device_placement!r}")
         settings = env.read_settings()
+        if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
         handlers = sort_handlers(kwargs_handlers)
         self._settings = settings
         self._precision_mode = resolve_precision(mixed_precision, settings)
@@ -598,6 +600,9 @@ class Accelerator:
 
     def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
         """Save a state dict or module as safetensors (main process only, atomic)."""
+        if not safe_serialization and self.is_main_process:
+            warnings.warn("save(safe_serialization=False) is ignored: accel always writes "
+                          "safetensors (no pickle), whatever the file extension", stacklevel=2)
         if self.is_main_process:
             _ckpt_files.save(self.unwrap_model(obj) if isinstance(obj, nn.Module) else obj, f)
 

@@ -47,7 +47,8 @@ ACCEL_VARIABLES: dict[str, str] = {
     "ACCEL_STALL_SECONDS": "seconds a collective may wait before a stall report is printed",
     "ACCEL_CONFIG_FILE": "path of the YAML config file used by `accel launch` / `accel config`",
     "ACCEL_LAUNCHED": "set to 1 by `accel launch` (informational)",
-    "ACCEL_NUM_THREADS": "torch intra-op threads per worker",
+    "ACCEL_NUM_THREADS": "torch intra-op threads per worker (applied by Accelerator())",
+    "ACCEL_LOG_LEVEL": "level for accel.get_logger loggers (DEBUG/INFO/WARNING/ERROR/CRITICAL)",
 }
 
 
@@ -92,6 +93,7 @@ class EnvSettings:
     stall_seconds: float | None = None
     config_file: str | None = None
     launched: bool = False
+    num_threads: int | None = None
 
 
 def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -363,7 +365,15 @@ def read_settings(environ: Mapping[str, str] | None = None) -> EnvSettings:
         stall_seconds=_float(env, "ACCEL_STALL_SECONDS"),
         config_file=env.get("ACCEL_CONFIG_FILE") or None,
         launched=env.get("ACCEL_LAUNCHED", "") == "1",
+        num_threads=_positive(env, "ACCEL_NUM_THREADS"),
     )
+
+
+def _positive(environ: Mapping[str, str], name: str) -> int | None:
+    value = _opt_int(environ, name)
+    if value is not None and value < 1:
+        raise LaunchEnvironmentError(f"{name}={value} must be >= 1")
+    return value
 
 
 def cuda_visible_devices(environ: Mapping[str, str] | None = None) -> list[str] | None:

@@ -61,6 +61,10 @@ def _worker(function: Callable[..., Any], env: Mapping[str, str], parent: int | 
     os.environ.update(env)
     if parent is not None:
         set_parent_death_signal(parent)
+    threads = env.get("OMP_NUM_THREADS")
+    torch_module = sys.modules.get("torch")
+    if threads and torch_module is not None:  # forked after import: OMP_NUM_THREADS is too late
+        torch_module.set_num_threads(int(threads))
     try:
         return function(*args)
     except BaseException as exc:  # noqa: BLE001 - recorded for the caller, then exit 1
@@ -97,7 +101,7 @@ def _check_parent(cuda: bool = True) -> None:
         )
     module = sys.modules.get("accel.accelerator")
     cls = getattr(module, "Accelerator", None) if module is not None else None
-    if isinstance(cls, type) and any(isinstance(obj, cls) for obj in gc.get_objects()):
+    if isinstance(cls, type) and any(issubclass(type(obj), cls) for obj in gc.get_objects()):
         raise RuntimeError(
             "notebook_launcher: an accel Accelerator already exists in this process; create "
             "the Accelerator inside the function you launch (each worker needs its own). "
@@ -230,7 +234,7 @@ def notebook_launcher(
         raise ValueError(f"num_processes={nproc} but only {pool} GPU(s) are visible; pass "
                          f"num_processes={pool} or fewer (or use debug_launcher for CPU runs)")
     env = {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cuda" if gpus else "cpu",
-           "OMP_NUM_THREADS": _threads(nproc)}
+           "OMP_NUM_THREADS": _threads(nproc), "ACCEL_NUM_THREADS": _threads(nproc)}
     if precision != "no":
         env["ACCEL_MIXED_PRECISION"] = precision
     if ids:
@@ -252,6 +256,7 @@ def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (),
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     _check_parent(cuda=False)  # the workers are CPU-only: CUDA state in the parent is harmless
     env = {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "OMP_NUM_THREADS": _threads(num_processes)}
+           "OMP_NUM_THREADS": _threads(num_processes),
+           "ACCEL_NUM_THREADS": _threads(num_processes)}
     return _launch(function, args, num_processes, env, master_addr="127.0.0.1", port=None,
                    node_rank=0, num_nodes=1, max_restarts=0, monitor_interval=0.1)

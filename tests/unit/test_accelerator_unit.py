@@ -211,3 +211,19 @@ def test_no_warning_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Accelerator(cpu=True)
+
+
+def test_accel_num_threads_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    monkeypatch.setenv("ACCEL_NUM_THREADS", "1")
+    try:
+        Accelerator(cpu=True)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_save_warns_that_pickle_is_never_written(tmp_path: object) -> None:
+    acc = Accelerator(cpu=True)
+    with pytest.warns(UserWarning, match="always writes safetensors"):
+        acc.save({"w": torch.ones(1)}, f"{tmp_path}/m.bin", safe_serialization=False)
