@@ -32,7 +32,7 @@ from .memory import release_memory
 from .progress import tqdm as _tqdm
 from .accumulation import AccumulationState
 from .checkpoint import files as _ckpt_files
-from .checkpoint.state import StateObjects, load_accelerator_state, save_accelerator_state
+from .checkpoint.session import Checkpointer
 from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
                      GradientAccumulationPlugin, KwargsHandler, PrecisionType,
                      ProjectConfiguration)
@@ -141,10 +141,11 @@ class Accelerator:
         # the registries live on the preparer; these names share the same lists
         self._models, self._optimizers = self._prep.models, self._prep.optimizers
         self._schedulers, self._dataloaders = self._prep.schedulers, self._prep.dataloaders
-        self._custom_objects: list[Any] = []
         self._sections = 0
         self._trigger = False
-        self._loaded_dir: Any = None
+        self._ckpt = Checkpointer(self._comm, self._prep, self._precision, self._device_kind,
+                                  self._accumulation, self.project_configuration,
+                                  self.unwrap_model)
         self._step = StepController(self._precision, self._strategy, self._accumulation,
                                     self._comm, self._tracker, self._models, self._optimizers)
         self._log_with = log_with
@@ -518,21 +519,7 @@ class Accelerator:
             >>> accelerator = Accelerator(cpu=True)
             >>> accelerator.register_for_checkpointing(Step())
         """
-        for obj in objects:
-            if not (callable(getattr(obj, "state_dict", None))
-                    and callable(getattr(obj, "load_state_dict", None))):
-                raise TypeError(f"{type(obj).__name__} has no state_dict()/load_state_dict(); "
-                                "only such objects can be registered for checkpointing")
-            self._custom_objects.append(obj)
-
-    def _state_objects(self) -> StateObjects:
-        return StateObjects(self._models, self._optimizers, self._schedulers, self._dataloaders,
-                            self._custom_objects, self._precision, self._device_kind,
-                            {"accumulation_step": self._accumulation.step,
-                             "optimizer_steps": self._optimizer_steps()})
-
-    def _optimizer_steps(self) -> int:
-        return max((opt.steps_taken for opt in self._optimizers), default=0)
+        self._ckpt.register(objects)
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
                    **unsupported: Any) -> str:
@@ -550,24 +537,7 @@ class Accelerator:
             >>> accelerator.save_state().endswith("checkpoint_0")
             True
         """
-        if unsupported:
-            raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
-                            "accel always writes safetensors + JSON")
-        if output_dir is not None and total_limit is not None and self.is_main_process:
-            warnings.warn(f"save_state(total_limit={total_limit}) is ignored with an explicit "
-                          "output_dir: rotation applies to automatically named checkpoints "
-                          "(omit output_dir and set Accelerator(project_dir=...))", stacklevel=2)
-        if not self._accumulation.sync_gradients and self.is_main_process:
-            warnings.warn(f"save_state() in the middle of a gradient accumulation group (micro-"
-                          f"step {self._accumulation.step} of {self._accumulation.num_steps}): "
-                          "the gradients accumulated so far are not saved, so a run resumed from "
-                          "it is not exact; save after the group's optimizer.step()", stacklevel=2)
-        limit = total_limit if total_limit is not None else self.project_configuration.total_limit
-        path = save_accelerator_state(
-            self._comm, self._state_objects(), output_dir, self.project_configuration.project_dir,
-            limit, [self._loaded_dir] if self._loaded_dir else [], self._optimizer_steps(),
-            self.unwrap_model)
-        return str(path)
+        return self._ckpt.save(output_dir, total_limit, unsupported)
 
     def load_state(self, input_dir: str | None = None, strict: bool = True,
                    missing_ok: bool = False) -> str | None:
@@ -586,17 +556,7 @@ class Accelerator:
             >>> accelerator.load_state(missing_ok=True) is None
             True
         """
-        loaded = load_accelerator_state(
-            self._comm, self._state_objects(), input_dir,
-            self.project_configuration.project_dir, strict, self.unwrap_model, missing_ok)
-        if loaded is None:
-            return None
-        path, manifest = loaded
-        self._accumulation.step = int(manifest.meta.get("accumulation_step", 0))
-        for opt in self._optimizers:
-            opt.steps_taken = int(manifest.meta.get("optimizer_steps", 0))
-        self._loaded_dir = path
-        return str(path)
+        return self._ckpt.load(input_dir, strict, missing_ok)
 
     def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
         """Save a state dict or module as safetensors (main process only, atomic)."""
