@@ -44,7 +44,7 @@ from .distributed.stall import CollectiveMonitor
 from .distributed.sync import leader_first, split_for_rank
 from .precision import make_precision
 from .preparation import Preparer, remove_autocast
-from .settings import (UNSUPPORTED_ARGUMENTS, resolve_accumulation, resolve_precision,
+from .settings import (UNSUPPORTED_ARGUMENTS, check_argument_types, resolve_accumulation, resolve_precision,
                        resolve_timeout, sort_handlers)
 from .strategy import select_strategy, unwrap_module
 from .tracking import TrackerSet, init_trackers as _init_trackers
@@ -83,8 +83,8 @@ class Accelerator:
         for name in unsupported:
             hint = UNSUPPORTED_ARGUMENTS.get(name, "it is not an Accelerator argument")
             raise TypeError(f"Accelerator() got an unsupported argument {name!r}: {hint}")
-        if not isinstance(device_placement, bool):
-            raise TypeError(f"device_placement must be True or False, got {device_placement!r}")
+        check_argument_types(cpu, device_placement, project_dir, log_with,
+                             step_scheduler_with_optimizer)
         settings = env.read_settings()
         if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
             torch.set_num_threads(settings.num_threads)

@@ -7,6 +7,7 @@ the constructor wins and one warning says so; an invalid value anywhere is an er
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,8 +17,9 @@ from .config import (AutocastKwargs, DistributedDataParallelKwargs, GradientAccu
                      GradScalerKwargs, InitProcessGroupKwargs, KwargsHandler, PrecisionType,
                      parse_mixed_precision, to_timedelta)
 from .env import EnvSettings
+from .tracking import check_log_with
 
-__all__ = ["Handlers", "resolve_accumulation", "resolve_precision", "resolve_timeout",
+__all__ = ["check_argument_types", "Handlers", "resolve_accumulation", "resolve_precision", "resolve_timeout",
            "sort_handlers", "UNSUPPORTED_ARGUMENTS"]
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
@@ -110,3 +112,15 @@ def resolve_timeout(ctor: float | timedelta | None, handler: InitProcessGroupKwa
     if chosen is not None and env is not None and chosen != env:
         _disagree("timeout", chosen.total_seconds(), "ACCEL_TIMEOUT", env.total_seconds())
     return chosen or env
+
+
+def check_argument_types(cpu: Any, device_placement: Any, project_dir: Any, log_with: Any,
+                         step_scheduler_with_optimizer: Any) -> None:
+    """Reject wrong types early (``cpu="yes"`` would otherwise be truthy and silently apply)."""
+    for name, value in (("cpu", cpu), ("device_placement", device_placement),
+                        ("step_scheduler_with_optimizer", step_scheduler_with_optimizer)):
+        if not isinstance(value, bool):
+            raise TypeError(f"Accelerator({name}=...) must be True or False, got {value!r}")
+    if project_dir is not None and not isinstance(project_dir, (str, os.PathLike)):
+        raise TypeError(f"Accelerator(project_dir=...) must be a path, got {project_dir!r}")
+    check_log_with(log_with)

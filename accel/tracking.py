@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from ._optional import is_available, require
 
-__all__ = ["CSVTracker", "GeneralTracker", "JSONLTracker", "TensorBoardTracker", "TrackerSet",
+__all__ = ["CSVTracker", "check_log_with", "GeneralTracker", "JSONLTracker", "TensorBoardTracker", "TrackerSet",
            "available_trackers", "init_trackers"]
 
 Scalar = bool | int | float | str
@@ -270,6 +270,12 @@ def available_trackers() -> list[str]:
 
 
 LogWith = str | GeneralTracker | Sequence[str | GeneralTracker] | None
+
+
+def check_log_with(log_with: LogWith) -> None:
+    """Validate ``Accelerator(log_with=...)`` early (unknown names, duplicates, missing extras)."""
+    if log_with is not None:
+        _resolve(log_with)
 
 
 def _resolve(log_with: LogWith) -> list[str | GeneralTracker]:

@@ -227,3 +227,14 @@ def test_save_warns_that_pickle_is_never_written(tmp_path: object) -> None:
     acc = Accelerator(cpu=True)
     with pytest.warns(UserWarning, match="always writes safetensors"):
         acc.save({"w": torch.ones(1)}, f"{tmp_path}/m.bin", safe_serialization=False)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"cpu": "yes"}, "cpu=...\\) must be True or False"),
+    ({"cpu": True, "project_dir": 123}, "project_dir=...\\) must be a path"),
+    ({"cpu": True, "log_with": "nonsense"}, "unknown tracker 'nonsense'"),
+    ({"cpu": True, "device_placement": 1}, "device_placement=...\\) must be True or False"),
+])
+def test_bad_argument_types_raise(kwargs: dict, match: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=match):
+        Accelerator(**kwargs)
