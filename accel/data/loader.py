@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
-from .. import _optional
 from ..config import DataLoaderConfiguration
+from ..device.xla import mark_step
 from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
 from .plan import Step
@@ -137,7 +137,7 @@ class PreparedDataLoader:
                     continue
                 self._take(step)
                 if self.device is not None and self.device.type == "xla":
-                    _xla_step_boundary()  # cut the lazy graph per batch (eval, micro-steps)
+                    mark_step()  # cut the lazy graph per batch (eval, micro-steps)
                 yield send_to_device(batch, self.device, non_blocking=self._config.non_blocking)
         finally:
             self._tracker.pop(token)
@@ -384,12 +384,3 @@ def skip_first_batches(loader: Any, num_batches: int) -> Any:
         return rebuild_loader(loader, batch_size=None,
                               sampler=SkipBatchSampler(loader.sampler, num_batches))
     return _SkippedLoader(loader, num_batches)
-
-
-def _xla_step_boundary() -> None:
-    torch_xla = _optional.require("torch_xla", extra="xla")
-    sync = getattr(torch_xla, "sync", None)
-    if sync is not None:
-        sync()
-    else:  # torch_xla < 2.6
-        _optional.require("torch_xla.core.xla_model", extra="xla").mark_step()

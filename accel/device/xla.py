@@ -23,7 +23,7 @@ import torch
 from .. import _optional, env
 from .base import Device
 
-__all__ = ["XLADevice", "seed_from_tensor", "seed_to_tensor"]
+__all__ = ["XLADevice", "mark_step", "seed_from_tensor", "seed_to_tensor"]
 
 _UINT64 = 1 << 64
 _INT64_MAX = (1 << 63) - 1
@@ -58,6 +58,15 @@ def _xm() -> ModuleType:
     return _optional.require("torch_xla.core.xla_model", extra="xla")
 
 
+def mark_step() -> None:
+    """Cut the lazy XLA graph here and run it (``torch_xla.sync``; ``mark_step`` before 2.6)."""
+    txla = _torch_xla()
+    if hasattr(txla, "sync"):  # xm.mark_step() is deprecated since torch_xla 2.6
+        txla.sync()
+    else:
+        _xm().mark_step()
+
+
 class XLADevice(Device):
     kind = "xla"
     dist_backend = "xla"
@@ -87,11 +96,7 @@ class XLADevice(Device):
         return _xm().xla_device()
 
     def synchronize(self) -> None:
-        txla = _torch_xla()
-        if hasattr(txla, "sync"):  # torch_xla >= 2.6; xm.mark_step() is deprecated
-            txla.sync()
-        else:
-            _xm().mark_step()
+        mark_step()
         _xm().wait_device_ops()
 
     def rng_state(self) -> dict[str, Any] | None:

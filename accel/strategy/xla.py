@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _optional
+from ..device.xla import mark_step
 from .base import Strategy
 
 __all__ = ["XLAStrategy"]
@@ -19,9 +20,4 @@ class XLAStrategy(Strategy):
             xm.reduce_gradients(optimizer)
 
     def after_optimizer_step(self) -> None:
-        torch_xla = _optional.require("torch_xla", extra="xla")
-        sync = getattr(torch_xla, "sync", None)
-        if sync is not None:
-            sync()
-        else:  # torch_xla < 2.6
-            _optional.require("torch_xla.core.xla_model", extra="xla").mark_step()
+        mark_step()
