@@ -4,8 +4,10 @@ Each variant runs in a fresh interpreter, many times, interleaved (rotating whic
 ``import accel`` alone does not import torch (names load lazily); ``from accel import
 Accelerator`` does, so that line is compared with ``import torch``. ``accel --help`` is the
 console script's own start-up (it must not import torch at all). With Hugging Face accelerate
-installed, ``from accelerate import Accelerator`` is shown too. One extra run with
-``-X importtime`` lists the slowest accel modules to import (cumulative, torch excluded).
+installed, ``from accelerate import Accelerator`` is shown too. Children may write bytecode
+(``PYTHONDONTWRITEBYTECODE`` is dropped) as an installed package would have it; the warm-up
+runs write it. One extra run with ``-X importtime`` lists the slowest accel modules to import
+(cumulative, torch excluded).
 
 Run:  python benchmarks/bench_import.py [--repeats 20] [--quick] [--no-accelerate]
 """
@@ -32,7 +34,8 @@ HELP_TARGET = 0.300  # seconds for `accel --help`
 
 def _variants(use_accelerate: bool) -> dict[str, list[str]]:
     py = _common.python()
-    script = shutil.which("accel", path=os.path.dirname(py)) or shutil.which("accel")
+    # the console script installed next to this interpreter (not a shim elsewhere on PATH)
+    script = shutil.which("accel", path=os.path.dirname(py))
     helper = [script, "--help"] if script else [py, "-m", "accel", "--help"]
     variants = {
         "python -c pass": [py, "-c", "pass"],
@@ -47,11 +50,11 @@ def _variants(use_accelerate: bool) -> dict[str, list[str]]:
     return variants
 
 
-def _slowest_accel_modules(count: int = 5) -> list[tuple[str, float]]:
+def _slowest_accel_modules(env: dict[str, str], count: int = 5) -> list[tuple[str, float]]:
     """(module, cumulative seconds) of the slowest ``accel.*`` imports, torch excluded."""
     done = subprocess.run([_common.python(), "-X", "importtime", "-c",
                            "import torch; import accel; from accel import Accelerator"],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=env)
     rows = []
     for line in done.stderr.splitlines():
         parts = [p.strip() for p in line.split("|")]
@@ -66,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeats, warmup = (1, 0) if args.quick else (args.repeats, 2)
     use_accelerate = _common.has_accelerate() and not args.no_accelerate
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    # Installed packages import from bytecode (.pyc); without it every accel module would be
+    # compiled on each run while torch's (compiled at install) would not.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ACCEL_") and k != "PYTHONDONTWRITEBYTECODE"}
     commands = _variants(use_accelerate)
     wall, _ = _common.interleave(
         {name: functools.partial(_common.time_command, argv, env=env)
@@ -82,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         ["command", "wall", "added", "over"], rows))
     print(_common.machine_line())
     print("slowest accel modules to import (cumulative, after torch): " + ", ".join(
-        f"{name} {seconds * 1e3:.1f} ms" for name, seconds in _slowest_accel_modules()))
+        f"{name} {seconds * 1e3:.1f} ms" for name, seconds in _slowest_accel_modules(env)))
     added = medians["from accel import Accelerator"] - medians["import torch"]
     helps = medians["accel --help"]
     print(f"target: `from accel import Accelerator` adds <= {ADDED_TARGET * 1e3:.0f} ms to "
