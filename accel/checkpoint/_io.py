@@ -143,8 +143,8 @@ class HashingWriter:
 
     def close(self) -> FileRecord:
         """Flush to disk and return the file's record."""
+        os.fsync(self._fh.fileno())  # first: the disk flush overlaps with the hash thread
         digest = self._hasher.hexdigest()
-        os.fsync(self._fh.fileno())
         self._fh.close()
         return FileRecord(self.size, digest)
 
