@@ -1,10 +1,10 @@
 """Stall reports and signal handlers agreed across ranks, through the c10d store.
 
 ``CollectiveMonitor`` is a ``Communicator`` hook. Before every collective issued through accel it
-publishes this rank's position (sequence number, op, and the user's call site ``file:line``) with
-one ``store.set`` of a short string (TCPStore sets are fire-and-forget: a few microseconds). A
-daemon thread per monitor (started once, reused) notices a collective still pending after the
-threshold, reads every rank's position from the store - never through the blocked collective -
+records this rank's position (sequence number, op, and the user's call site ``file:line``) in
+memory; a daemon thread per monitor (started once, reused) publishes the latest position to the
+store at most once per period (so the hot path has no store traffic), and notices a collective
+still pending after the threshold, reads every rank's position from the store - never through the blocked collective -
 and prints ONE report per stall on stderr: which ranks arrived at which op, and where the others
 are. The process-group timeout then ends the job.
 
@@ -109,6 +109,7 @@ class CollectiveMonitor:
         self.points = 0  # sync points passed (collectives at depth 1 and point() calls)
         self._depth = 0
         self._pending: tuple[int, str, str, float] | None = None
+        self._last: tuple[int, str, str, float] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._period = max(0.05, min(0.5, self.threshold / 4))
@@ -134,7 +135,9 @@ class CollectiveMonitor:
             self.points += 1
             seq = self.points
         site = call_site(sys._getframe(2))
-        self._publish(seq, op, site)
+        # No store traffic here (this runs before every collective): the watchdog thread
+        # publishes the latest position within one period.
+        self._last = (seq, op, site, time.time())
         self._pending = (seq, op, site, time.monotonic())
         if self._thread is None and self._store is not None:
             self._start_thread()
@@ -143,12 +146,14 @@ class CollectiveMonitor:
         self._depth -= 1
         self._pending = None
 
-    def _publish(self, seq: int, op: str, site: str) -> None:
-        if self._store is None:
+    def _publish(self, seq: int, op: str, site: str, when: float | None = None,
+                 store: dist.Store | None = None) -> None:
+        store = store if store is not None else self._store
+        if store is None:
             return
         try:
-            # Position.encode's format, inlined: this runs before every collective.
-            self._store.set(self._key, f"{seq}|{time.time():.3f}|{op}|{site}")
+            # Position.encode's format
+            store.set(self._key, f"{seq}|{when if when is not None else time.time():.3f}|{op}|{site}")
         except RuntimeError as exc:  # the store is gone: the job is ending; stop publishing
             self._store = None
             self._say(f"stall reports disabled, the c10d store is unreachable: {exc}")
@@ -269,8 +274,13 @@ class CollectiveMonitor:
         except RuntimeError:  # a store without clone(): share the main thread's connection
             store = self._store
         reported = -1
+        published = None
         while not self._stop.wait(self._period):
             try:
+                last = self._last
+                if last is not published and last is not None:
+                    self._publish(*last, store=store)
+                    published = last
                 pending = self._pending
                 if pending is not None and pending[0] != reported and \
                         time.monotonic() - pending[3] >= self.threshold:
