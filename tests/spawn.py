@@ -7,9 +7,11 @@ timeout, and re-raises the first failing child's traceback in the test process.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import time
 import traceback
@@ -44,11 +46,20 @@ def _child(fn: Callable[..., Any], rank: int, env: Mapping[str, str], args: tupl
         if name in LAUNCHER_NAMES or name.startswith(LAUNCHER_PREFIXES):
             del os.environ[name]
     os.environ.update(env)
+    # On a timeout the parent sends SIGUSR1: every thread's stack goes to stderr (a diagnosis).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         value = fn(rank, *args)
         results.put((rank, "ok", value))
     except BaseException:  # report everything, including SystemExit, to the parent
         results.put((rank, "error", traceback.format_exc()))
+
+
+def _dump_stacks(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.is_alive() and proc.pid is not None:
+            os.kill(proc.pid, signal.SIGUSR1)
+    time.sleep(1.0)
 
 
 def _context() -> Any:
@@ -90,7 +101,9 @@ def run_workers(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(world_size)) - set(values))
-                raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s")
+                _dump_stacks([procs[r] for r in missing])
+                raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s "
+                                   "(their stacks are in the captured stderr)")
             try:
                 rank, status, value = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:

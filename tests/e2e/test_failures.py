@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.procscan import alive, with_marker
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LIMIT = 150.0  # seconds before a drill is declared hung (generous: 2 shared cores)
@@ -92,26 +94,8 @@ class Job:
         return next(t for t, line in (self.out if which == "out" else self.err) if needle in line)
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
-def with_marker(marker: str) -> list[int]:
-    """Processes whose command line mentions ``marker`` (the drill's unique pid dir)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def recorded_pids(pid_dir: Path) -> list[int]:

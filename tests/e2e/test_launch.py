@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.procscan import alive, with_marker
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 120
@@ -92,25 +94,8 @@ def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_pat
     assert len(ports) == 2  # separate rendezvous: each job got its own store port
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
-def _with_marker(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -129,8 +114,8 @@ def test_failing_rank_gives_one_root_cause_and_leaves_no_process(tmp_path: Path)
     assert "accel launch settings" not in err  # --quiet
     pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
     assert len(pids) == 4  # 2 DataLoader workers on each rank did start
-    assert [pid for pid in pids if _alive(pid)] == []
-    assert _with_marker(pid_dir.name) == []
+    assert [pid for pid in pids if alive(pid)] == []
+    assert with_marker(pid_dir.name) == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
@@ -147,12 +132,12 @@ def test_workers_die_when_the_launcher_is_killed(tmp_path: Path) -> None:
         proc.kill()  # SIGKILL: no cleanup code of the launcher runs
         proc.wait(timeout=TIMEOUT)
         deadline = time.monotonic() + 30
-        while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+        while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [pid for pid in pids if _alive(pid)] == []
+        assert [pid for pid in pids if alive(pid)] == []
     finally:
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, 9)
         proc.communicate()
 
