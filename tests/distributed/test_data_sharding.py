@@ -65,8 +65,10 @@ def _sharding_worker(rank: int) -> dict[str, Any]:
     from accel.data import DataTracker, prepare_data_loader
 
     # tests.spawn starts daemonic children, which may not start DataLoader workers; these
-    # workers are joined by their DataLoader before this function returns. They are forked:
-    # the children's default start method (forkserver) would re-import torch in every worker.
+    # workers are joined by their DataLoader before this function returns. They are started
+    # through a forkserver, not forked from this rank: forking a process that runs gloo's
+    # threads deadlocked a worker about once in 20 runs (a lock held at fork time), which is
+    # torch's hazard, not the data layer's. persistent_workers keeps the start-up cost to one.
     multiprocessing.current_process().daemon = False
     ctx, comm, group = _setup()
     tracker = DataTracker()
@@ -79,7 +81,7 @@ def _sharding_worker(rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": rank, "world": ctx.world_size}
     # shuffled, with worker processes: every rank's shard of one permutation, new each epoch
     shuffled = prep(DataLoader(range(50), batch_size=4, shuffle=True, num_workers=2,
-                                multiprocessing_context="fork"))
+                                multiprocessing_context="forkserver", persistent_workers=True))
     out["mine"] = [[b.tolist() for b in shuffled] for _ in range(2)]
     # break out of an uneven epoch on every rank, then run whole epochs (subgroup reused)
     uneven = prep(DataLoader(range(11), batch_size=2), even_batches=False)
@@ -90,7 +92,7 @@ def _sharding_worker(rank: int) -> dict[str, Any]:
     out["tracker_idle"] = tracker.active is None
     # an iterable dataset split across 2 workers: sharded by rank once, nothing lost
     stream = prep(DataLoader(WorkerStream(37), batch_size=3, num_workers=2,
-                                     multiprocessing_context="fork"), even_batches=False)
+                             multiprocessing_context="forkserver"), even_batches=False)
     out["stream"] = sorted(_epoch(stream, comm))
     # a DistributedSampler built for this job is left alone; its padding is trimmed
     ds = list(range(13))
