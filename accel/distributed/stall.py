@@ -2,7 +2,7 @@
 
 ``CollectiveMonitor`` is a ``Communicator`` hook. Before every collective issued through accel it
 records this rank's position (sequence number, op, and the user's call site ``file:line``) in
-memory; a daemon thread per monitor (started once, reused) publishes the latest position to the
+memory; a watchdog thread per monitor (started once, reused; it ends with the main thread) publishes the latest position to the
 store at most once per period (so the hot path has no store traffic), and notices a collective
 still pending after the threshold, reads every rank's position from the store - never through the blocked collective -
 and prints ONE report per stall on stderr: which ranks arrived at which op, and where the others
@@ -262,8 +262,11 @@ class CollectiveMonitor:
 
     # -- the watchdog thread ---------------------------------------------------------------
     def _start_thread(self) -> None:
+        # Not a daemon: a daemon thread can be inside the store's C++ code while the interpreter
+        # finalises (seen: "terminate called without an active exception", SIGABRT at exit).
+        # The loop ends by itself within one period once the main thread has finished.
         self._thread = threading.Thread(target=self._watch, name=f"accel-monitor-{self.rank}",
-                                        daemon=True)
+                                        daemon=False)
         self._thread.start()
 
     def _watch(self) -> None:
@@ -275,7 +278,8 @@ class CollectiveMonitor:
             store = self._store
         reported = -1
         published = None
-        while not self._stop.wait(self._period):
+        main = threading.main_thread()
+        while not self._stop.wait(self._period) and main.is_alive():
             try:
                 last = self._last
                 if last is not published and last is not None:
@@ -322,8 +326,11 @@ class CollectiveMonitor:
         print(f"[accel] rank {self.rank}: {message}", file=self._stream or sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Stop the watchdog thread (the process group is about to end)."""
+        """Stop the watchdog thread and wait for it (the process group is about to end)."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
 
 
 def read_positions(store: dist.Store, world_size: int) -> list[Position | None]:
