@@ -7,6 +7,7 @@ the result of an all_reduce of ``rank + 1``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import timedelta
 
@@ -37,7 +38,9 @@ def main() -> int:
     dist.barrier()
     group.close()
     report["closed"] = not dist.is_initialized()
-    print("PROBE " + json.dumps(report), flush=True)
+    # one write(2) per line: print() writes the text and the newline separately, so lines of
+    # two ranks sharing a pipe can interleave
+    os.write(1, ("PROBE " + json.dumps(report) + "\n").encode())
     return 0
 
 
