@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["LAUNCHER_PREFIXES", "free_port", "run_workers", "torchrun_env"]
+__all__ = ["LAUNCHER_PREFIXES", "cpu_group", "free_port", "run_workers", "torchrun_env"]
 
 LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "MV2_", "SLURM_", "ACCEL_")
 LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -125,3 +125,16 @@ def run_workers(
                 proc.kill()
                 proc.join(timeout=5)
     return [values[r] for r in range(world_size)]
+
+
+def cpu_group() -> tuple[Any, Any, Any]:
+    """Inside a worker: accel's (ProcessContext, Communicator, ProcessGroupHandle) on gloo."""
+    from accel.device import select_device
+    from accel.distributed import Communicator, build_context, start_process_group
+    from accel.env import detect_launch
+
+    info = detect_launch()
+    device = select_device(cpu=True)
+    ctx = build_context(info, device)
+    group = start_process_group(ctx, info, device)
+    return ctx, Communicator(ctx), group

@@ -8,25 +8,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.spawn import run_workers
+from tests.spawn import cpu_group, run_workers
 
 Pair = namedtuple("Pair", ["pred", "label"])
 
 
-def _comm() -> Any:
-    from accel.device import select_device
-    from accel.distributed import Communicator, build_context, start_process_group
-    from accel.env import detect_launch
-
-    info = detect_launch()
-    device = select_device(cpu=True)
-    ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
-    return ctx, Communicator(ctx), group
 
 
 def _collectives_worker(rank: int) -> dict[str, Any]:
-    ctx, comm, group = _comm()
+    ctx, comm, group = cpu_group()
     world = ctx.world_size
     out: dict[str, Any] = {"rank": ctx.rank, "world": world, "backend": group.backend}
     # gather: uneven first dims, nested, dtype kept, bool stays bool, 0-d -> (world,)

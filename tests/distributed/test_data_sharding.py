@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, get_worker_info
 
-from tests.spawn import run_workers
+from tests.spawn import cpu_group, run_workers
 
 
 class WorkerStream(IterableDataset):
@@ -24,16 +24,6 @@ class WorkerStream(IterableDataset):
         return iter(range(start, self.n, step))
 
 
-def _setup() -> tuple[Any, Any, Any]:
-    from accel.device import select_device
-    from accel.distributed import Communicator, build_context, start_process_group
-    from accel.env import detect_launch
-
-    info = detect_launch()
-    device = select_device(cpu=True)
-    ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
-    return ctx, Communicator(ctx), group
 
 
 def _epoch(loader: Any, comm: Any) -> list[int]:
@@ -70,7 +60,7 @@ def _sharding_worker(rank: int) -> dict[str, Any]:
     # threads deadlocked a worker about once in 20 runs (a lock held at fork time), which is
     # torch's hazard, not the data layer's. persistent_workers keeps the start-up cost to one.
     multiprocessing.current_process().daemon = False
-    ctx, comm, group = _setup()
+    ctx, comm, group = cpu_group()
     tracker = DataTracker()
 
     def prep(loader: DataLoader, seed: int = 3, **cfg: Any) -> Any:

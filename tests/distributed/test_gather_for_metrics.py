@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from tests.spawn import run_workers
+from tests.spawn import cpu_group, run_workers
 
 
 class Indexed(Dataset):
@@ -42,16 +42,6 @@ class Stream(IterableDataset):
         return ({"idx": i, "x": torch.tensor([float(i)])} for i in range(self.n))
 
 
-def _setup() -> tuple[Any, Any, Any]:
-    from accel.device import select_device
-    from accel.distributed import Communicator, build_context, start_process_group
-    from accel.env import detect_launch
-
-    info = detect_launch()
-    device = select_device(cpu=True)
-    ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
-    return ctx, Communicator(ctx), group
 
 
 def _combos(world: int, count: int, seed: int) -> list[tuple[Any, ...]]:
@@ -83,7 +73,7 @@ def _exactness_worker(rank: int, count: int, seed: int) -> dict[str, Any]:
     from accel.data import DataTracker, prepare_data_loader
     from accel.distributed import Communicator, ProcessContext
 
-    ctx, comm, group = _setup()
+    ctx, comm, group = cpu_group()
     world = ctx.world_size
     tracker = DataTracker()
     solo = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
