@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import warnings
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from .. import _optional
 from ..device import Device
 from ..env import LaunchInfo
 from .context import ProcessContext
+from .settle import settle
 
 __all__ = ["DEFAULT_TIMEOUT", "ProcessGroupHandle", "build_context", "start_process_group"]
 
@@ -43,12 +45,20 @@ def build_context(info: LaunchInfo, device: Device) -> ProcessContext:
 
 
 class ProcessGroupHandle:
-    """The process group accel started (or adopted). ``close()`` destroys only what it started."""
+    """The process group accel started (or adopted). ``close()`` destroys only what it started.
+
+    While a group is active, the interpreter's exit first lets the group's worker threads finish
+    with the last collectives (see ``settle``): otherwise a worker dropping a tensor during
+    interpreter finalisation aborts a process that had finished its work.
+    """
 
     def __init__(self, owned: bool, backend: str | None, timeout: timedelta) -> None:
         self.owned = owned
         self.backend = backend
         self.timeout = timeout
+        if backend is not None:
+            atexit.unregister(self._settle_at_exit)  # once per process, however many handles
+            atexit.register(self._settle_at_exit)
 
     @property
     def active(self) -> bool:
@@ -61,8 +71,14 @@ class ProcessGroupHandle:
         getter = getattr(dist.distributed_c10d, "_get_default_store", None)
         return getter() if getter is not None else None
 
+    @staticmethod
+    def _settle_at_exit() -> None:
+        if dist.is_available() and dist.is_initialized():
+            settle()
+
     def close(self) -> None:
         if self.owned and dist.is_available() and dist.is_initialized():
+            settle()  # the group's destructor joins its workers; let them finish first
             dist.destroy_process_group()
         self.owned = False
         self.backend = None

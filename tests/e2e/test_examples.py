@@ -60,15 +60,30 @@ def argv(command: str) -> list[str]:
     return prefix[words[0]] + words[1:]
 
 
-def run(command: str, cwd: Path) -> tuple[str, str]:
-    """Run ``command`` in ``cwd``; fail with its output unless it exits 0."""
+#: What a worker prints when PyTorch's own exit race kills it: a gloo worker thread drops its
+#: last reference to a finished collective's tensors after the interpreter began finalising, and
+#: the C++ runtime aborts the process (SIGABRT). Plain ``torch.distributed`` scripts hit it (here
+#: about one run in five of ``digits_plain.py`` on two busy cores); accel lets the group's threads
+#: finish before the interpreter finalises (``accel.distributed.settle``; see test_exit.py).
+UPSTREAM_EXIT_ABORT = "terminate called without an active exception"
+
+
+def run(command: str, cwd: Path, upstream_exit_abort: bool = False) -> tuple[str, str]:
+    """Run ``command`` in ``cwd``; fail with its output unless it exits 0.
+
+    ``upstream_exit_abort`` accepts one failure only, for plain-PyTorch baselines: a worker
+    killed by :data:`UPSTREAM_EXIT_ABORT` after the script finished. Anything else still fails.
+    """
     try:
         proc = subprocess.run(argv(command), cwd=cwd, env=clean_env(cwd), capture_output=True,
                               text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{command!r} did not finish in {TIMEOUT} s:\n{exc.stdout}\n{exc.stderr}")
-    assert proc.returncode == 0, f"{command!r} exited {proc.returncode}:\n{proc.stdout}\n" \
-        f"{proc.stderr}"
+    known = (upstream_exit_abort and UPSTREAM_EXIT_ABORT in proc.stderr
+             and "(SIGABRT)" in proc.stderr and "Traceback (most recent call last)" not in
+             proc.stderr.split(UPSTREAM_EXIT_ABORT)[0])
+    assert proc.returncode == 0 or known, f"{command!r} exited {proc.returncode}:\n" \
+        f"{proc.stdout}\n{proc.stderr}"
     return proc.stdout, proc.stderr
 
 
@@ -153,7 +168,9 @@ def test_digits_plain_differs_from_digits_only_where_accel_is_used() -> None:
 
 
 def test_digits_plain_under_torchrun_counts_a_padded_sample(workdir: Path) -> None:
-    out, _err = run(DIGITS_PLAIN_TORCHRUN, workdir)
+    # plain torch.distributed can abort at exit after finishing (see UPSTREAM_EXIT_ABORT); the
+    # script's work must still be complete, which the assertions below check
+    out, _err = run(DIGITS_PLAIN_TORCHRUN, workdir, upstream_exit_abort=True)
     assert len(lines(out, "epoch 4: loss ")) == 1, out
     # plain DDP evaluation: DistributedSampler repeats one image to even out the shards
     assert accuracy(out, 298) > 0.85
