@@ -360,12 +360,12 @@ class Accelerator:
         data = loader.trim_for_metrics(input_data) if loader is not None else input_data
         group = loader.metrics_group if loader is not None else None
         try:
-            tensors_only = bool(_tree.flatten(data, strict=True)[0])
-        except TypeError:
-            tensors_only = False
-        if use_gather_object or not tensors_only:
+            leaves, rebuild = _tree.flatten(data, strict=True)
+        except TypeError:  # a leaf that is not a tensor
+            leaves = []
+        if use_gather_object or not leaves:
             return self._comm.gather_object(data, group=group)
-        return self._comm.gather(data, group=group)
+        return self._comm.gather_flat(leaves, rebuild, group=group)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """All-reduce (sum, mean, max, min) across ranks; returns new tensors."""

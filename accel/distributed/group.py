@@ -118,12 +118,32 @@ def start_process_group(
             init_method = "env://"  # connects to the elastic agent's store when it hosts one
         else:
             init_method = f"tcp://{_bracket(info.master_addr)}:{info.master_port}"
-    kwargs = {}
+    kwargs: dict[str, object] = {}
     if backend == "nccl":
         kwargs["device_id"] = ctx.device
-    dist.init_process_group(backend=backend, init_method=init_method, rank=ctx.rank,
-                            world_size=ctx.world_size, timeout=timeout, **kwargs)
+    store = _attempt_store(info, ctx.world_size, timeout) if init_method == "env://" else None
+    if store is not None:
+        kwargs["store"] = store
+    else:
+        kwargs["init_method"] = init_method
+    dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size,
+                            timeout=timeout, **kwargs)
     return ProcessGroupHandle(True, backend, timeout)
+
+
+def _attempt_store(info: LaunchInfo, world_size: int, timeout: timedelta) -> dist.Store | None:
+    """After a torchrun restart, the agent's store with this attempt's own key prefix.
+
+    The static rendezvous (the multi-node default) keeps one agent store across restarts, and
+    ``env://`` adds no per-attempt prefix, so a restarted worker could read the dead attempt's
+    gloo/nccl addresses and fail with "connection refused" (or see its stall-monitor keys).
+    ``None`` (plain ``env://``) for a first attempt or a store hosted by rank 0.
+    """
+    if not (info.use_agent_store and info.restart_count > 0):
+        return None
+    client = dist.TCPStore(info.master_addr, info.master_port, world_size, is_master=False,
+                           timeout=timeout)
+    return dist.PrefixStore(f"accel/attempt_{info.restart_count}", client)
 
 
 def _bracket(addr: str) -> str:

@@ -154,6 +154,11 @@ class Communicator:
         whole job takes part, so they do not run around a subgroup gather.
         """
         leaves, rebuild = _tree.flatten(data)
+        return self.gather_flat(leaves, rebuild, group)
+
+    def gather_flat(self, leaves: list[torch.Tensor], rebuild: Callable[[list[Any]], Any],
+                    group: Any = None) -> Any:
+        """``gather`` of a structure already flattened by ``_tree.flatten``."""
         if not self.ctx.is_distributed or (group is not None and dist.get_world_size(group) == 1):
             return rebuild([t.reshape(1) if t.dim() == 0 else t for t in leaves])
         if group is not None:

@@ -266,11 +266,15 @@ def _result(job: Job) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_restart_after_a_crash_resumes_from_the_newest_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rdzv", ["c10d", "static"])
+def test_restart_after_a_crash_resumes_from_the_newest_checkpoint(tmp_path: Path,
+                                                                   rdzv: str) -> None:
+    # static is the multi-node default: its agent keeps one store across restarts, so the
+    # retried workers must not read the dead attempt's keys (accel prefixes them per attempt)
     script = str(SCRIPTS / "fail_restart.py")
     plain = Job(["--cpu", "-n", "2", script, str(tmp_path / "plain"), "-1"], tmp_path)
-    crashed = Job(["--cpu", "-n", "2", "--max_restarts", "1", script, str(tmp_path / "crash"),
-                   "10"], tmp_path)
+    crashed = Job(["--cpu", "-n", "2", "--rdzv_backend", rdzv, "--max_restarts", "1", script,
+                   str(tmp_path / "crash"), "10"], tmp_path)
     assert plain.finish()[0] == 0, plain.text("err")
     code, ended = crashed.finish()
     err = crashed.text("err")
