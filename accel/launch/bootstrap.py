@@ -6,6 +6,9 @@
   ``sys.argv == [script, *args]``, and the script's directory first on ``sys.path``, exactly as
   ``python script.py`` would (``-m`` keeps the working directory, as ``python -m`` does);
 - arms ``PR_SET_PDEATHSIG`` so the worker dies if the launcher dies;
+- writes ``sys.stdout``/``sys.stderr`` a whole line at a time (one ``write(2)`` per line, at each
+  newline), so lines printed by different ranks on the shared terminal never interleave; text
+  without a newline appears at the next newline or ``flush()``;
 - on an uncaught exception (or ``sys.exit(non-zero)``) writes the traceback to torchelastic's
   error file (``TORCHELASTIC_ERROR_FILE``), so that the launcher prints one ROOT CAUSE block with
   rank, host, pid and traceback; the worker itself prints a single line.
@@ -27,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from .procs import set_parent_death_signal
 from .report import user_traceback, write_error_file
 
-__all__ = ["LaunchLayoutError", "check_layout", "main", "run_target"]
+__all__ = ["LaunchLayoutError", "check_layout", "main", "run_target", "whole_lines"]
 
 #: How long a failed worker may take to shut down before it exits hard (seconds).
 _EXIT_GRACE = 10.0
@@ -107,8 +110,18 @@ def check_layout(environ: Mapping[str, str]) -> None:
         "or --num_machines; pass the same values on every machine")
 
 
+def whole_lines(*streams: object) -> None:
+    """Buffer each text stream up to its newlines (``python -u`` writes ``print``'s text and its
+    newline with separate ``write(2)`` calls, which ranks sharing a pipe interleave)."""
+    for stream in streams:
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of a worker; returns the exit code."""
+    whole_lines(sys.stdout, sys.stderr)
     target, is_module, args = _split(sys.argv[1:] if argv is None else argv)
     agent = os.environ.get("ACCEL_AGENT_PID", "")
     set_parent_death_signal(int(agent) if agent.isdigit() else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -58,7 +59,7 @@ def results(out: str) -> dict[int, dict[str, Any]]:
     return {row["rank"]: row for row in rows}
 
 
-def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_path: Path) -> None:
+def test_two_concurrent_launches_all_reduce_print_whole_lines_and_the_settings_table(tmp_path: Path) -> None:
     (tmp_path / "job").mkdir()
     script = tmp_path / "job" / "allreduce.py"
     script.write_text((SCRIPTS / "allreduce.py").read_text())
@@ -66,7 +67,8 @@ def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_pat
     config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmy_key: 1\n")
     chosen = [["--config_file", str(config)], ["--cpu", "-n", "2"]]  # same job, two ways
     procs = [launch([*chosen[i], "job/allreduce.py", f"job{i}", "--flag", "-n", "1"],
-                    tmp_path, ACCEL_MIXED_PRECISION="bf16") for i in range(2)]
+                    tmp_path, ACCEL_MIXED_PRECISION="bf16", TEST_PRINT_LINES="3000")
+             for i in range(2)]
     done = [finish(proc) for proc in procs]
     ports = set()
     for i, (code, out, err) in enumerate(done):
@@ -80,6 +82,11 @@ def test_two_concurrent_launches_all_reduce_and_print_the_settings_table(tmp_pat
             assert row["file"] == str(script) and row["path0"] == str(script.parent)
             assert (row["device"], row["launched"], row["omp"], row["mp"]) == ("cpu", True, "1",
                                                                              "bf16")
+        for stream, tag, fill in ((out, "LINE", "x"), (err, "ERRLINE", "y")):
+            found = [line for line in stream.splitlines() if tag in line]
+            whole = re.compile(rf"{tag} [01] \d+ {fill}{{60}}")
+            assert len(found) == 2 * 3000 and all(whole.fullmatch(x) for x in found), \
+                [x for x in found if not whole.fullmatch(x)][:5]
         ports.add(ranks[0]["port"])
         table = {line.split()[0]: line for line in err.splitlines() if line.startswith("  ")}
         source = ["config " + str(config), "flag --num_processes"][i]

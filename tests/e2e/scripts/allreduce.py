@@ -28,6 +28,10 @@ def main() -> None:
               "mp": os.environ.get("ACCEL_MIXED_PRECISION")}
     # one write() per line: ranks share the launcher's stdout and must not interleave
     os.write(1, ("RESULT " + json.dumps(report) + "\n").encode())
+    # plain print() from both ranks at once: accel launch keeps every line whole
+    for i in range(int(os.environ.get("TEST_PRINT_LINES", "0"))):
+        print(f"LINE {ctx.rank} {i} " + "x" * 60)
+        print(f"ERRLINE {ctx.rank} {i} " + "y" * 60, file=sys.stderr)
     group.close()
 
 
