@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 import time
@@ -15,13 +16,15 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 
 def spinner(seconds: float, stop: threading.Event | None = None) -> threading.Thread:
-    """A thread that stays runnable for ``seconds`` (or until ``stop`` is set)."""
+    """A thread that stays runnable for ``seconds`` (or until ``stop`` is set), like a collective
+    worker: mostly in C code without the GIL (hashing large buffers releases it)."""
     stop = stop or threading.Event()
+    data = bytes(8 << 20)
 
     def spin() -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and not stop.is_set():
-            pass
+            hashlib.sha256(data).digest()
 
     thread = threading.Thread(target=spin, daemon=True)
     thread.start()
