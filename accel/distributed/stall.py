@@ -264,10 +264,19 @@ class CollectiveMonitor:
     def _start_thread(self) -> None:
         # Not a daemon: a daemon thread can be inside the store's C++ code while the interpreter
         # finalises (seen: "terminate called without an active exception", SIGABRT at exit).
-        # The loop ends by itself within one period once the main thread has finished.
+        # The loop ends when the interpreter exits (or within one period of the main thread
+        # finishing, where the exit hook is unavailable).
         self._thread = threading.Thread(target=self._watch, name=f"accel-monitor-{self.rank}",
                                         daemon=False)
         self._thread.start()
+        # At interpreter exit, stop it before Python joins non-daemon threads, rather than
+        # after up to one period (CPython's hook for this, used by concurrent.futures too).
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            try:
+                register(self._stop.set)
+            except RuntimeError:  # the interpreter is already shutting down
+                self._stop.set()
 
     def _watch(self) -> None:
         if self._store is None:

@@ -6,6 +6,7 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -106,6 +107,23 @@ def test_no_report_below_the_threshold(store: dist.TCPStore) -> None:
             pass
     assert monitor.points == 100 and out.getvalue() == ""
     monitor.close()
+
+
+@pytest.mark.skipif(not hasattr(threading, "_threading_atexits"),
+                    reason="this Python has no threading exit hooks")
+def test_the_watchdog_stops_as_the_interpreter_exits(store: dist.TCPStore) -> None:
+    """Python joins non-daemon threads at exit: the watchdog is told to stop before that join,
+    instead of noticing the main thread's end up to one period later."""
+    monitor = CollectiveMonitor(0, 2, store, threshold=30.0, stream=io.StringIO())
+    with monitor("gather", ()):  # starts the watchdog thread
+        pass
+    hooks = [hook for hook in threading._threading_atexits  # type: ignore[attr-defined]
+             if getattr(hook, "func", hook) == monitor._stop.set]
+    assert len(hooks) == 1
+    hooks[0]()  # what the interpreter's exit runs before joining threads
+    assert monitor._thread is not None
+    monitor._thread.join(timeout=5.0)
+    assert not monitor._thread.is_alive()
 
 
 def test_threshold_defaults_to_60_s_or_half_the_timeout() -> None:
