@@ -16,14 +16,35 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["LAUNCHER_PREFIXES", "cpu_group", "free_port", "run_workers", "torchrun_env"]
+__all__ = ["LAUNCHER_PREFIXES", "clean_env", "cpu_group", "free_port", "run_workers",
+           "torchrun_env"]
 
 LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "MV2_", "SLURM_", "ACCEL_")
 LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
                   "CUDA_VISIBLE_DEVICES", "PJRT_DEVICE")
+
+
+#: What an end-to-end job must not inherit from the test run (it starts as a user's job would).
+_JOB_PREFIXES = ("ACCEL_", "TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "SLURM_")
+_JOB_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "OMP_NUM_THREADS")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a job started by a test as a user would start it: the caller's minus
+    launcher/ACCEL variables, this checkout first on ``PYTHONPATH``, no user config file (the
+    config directory is under ``home``), then ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_JOB_PREFIXES) and k not in _JOB_NAMES}
+    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["XDG_CONFIG_HOME"] = str(home / "xdg")  # never pick up the developer's config
+    env.update(extra)
+    return env
 
 
 def free_port() -> int:

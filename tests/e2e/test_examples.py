@@ -6,7 +6,6 @@ is one that runs here. They run in a temporary copy of ``examples/`` (outputs la
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -17,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from tests.spawn import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -39,16 +40,6 @@ COMMANDS = (DIGITS, DIGITS_PLAIN_TORCHRUN, CHECKPOINT_STOP, CHECKPOINT_RESUME,
 
 pytestmark = pytest.mark.slow
 
-
-def clean_env(home: Path) -> dict[str, str]:
-    """The caller's environment minus launcher/ACCEL variables, with no user config file."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "SLURM_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                         "MASTER_PORT", "OMP_NUM_THREADS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["XDG_CONFIG_HOME"] = str(home / "xdg")  # never pick up the developer's config
-    return env
 
 
 def argv(command: str) -> list[str]:

@@ -8,30 +8,20 @@ right after a collective; without ``accel.distributed.settle`` this test failed 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.spawn import LAUNCHER_NAMES, LAUNCHER_PREFIXES, free_port
+from tests.spawn import clean_env, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "exit_after_collectives.py"
 JOBS = 5  # two-rank torchrun jobs, one after the other
 ABORT = "terminate called without an active exception"
 
 pytestmark = pytest.mark.slow
 
-
-def clean_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_NAMES}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def test_ranks_that_end_right_after_a_collective_exit_cleanly(tmp_path: Path) -> None:
@@ -40,8 +30,8 @@ def test_ranks_that_end_right_after_a_collective_exit_cleanly(tmp_path: Path) ->
     for _job in range(JOBS):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                                "2", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", str(SCRIPT)],
-                              cwd=tmp_path, env=clean_env(tmp_path), text=True,
-                              capture_output=True, timeout=180)
+                              cwd=tmp_path, env=clean_env(tmp_path, OMP_NUM_THREADS="1"),
+                              text=True, capture_output=True, timeout=180)
         out, err, code = proc.stdout, proc.stderr, proc.returncode
         assert ABORT not in err, err
         assert code == 0, f"exited {code}:\n{out}\n{err}"

@@ -19,25 +19,14 @@ from typing import Any
 import pytest
 
 from tests.procscan import alive, with_marker
+from tests.spawn import clean_env
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LIMIT = 150.0  # seconds before a drill is declared hung (generous: 2 shared cores)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the drills read /proc and use Linux signals")
 
-
-def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The caller's environment without launcher/ACCEL variables and without a user config."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "SLURM_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                         "OMP_NUM_THREADS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    env.update(extra)
-    return env
 
 
 class Job:

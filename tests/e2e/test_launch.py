@@ -16,24 +16,13 @@ from typing import Any
 import pytest
 
 from tests.procscan import alive, with_marker
+from tests.spawn import clean_env
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 120
 
 pytestmark = pytest.mark.slow
 
-
-def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The caller's environment minus launcher/ACCEL variables, with no user config file."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "SLURM_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                         "OMP_NUM_THREADS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")  # never pick up the developer's config
-    env.update(extra)
-    return env
 
 
 def launch(args: list[str], tmp_path: Path, cwd: Path | None = None,
@@ -59,7 +48,8 @@ def results(out: str) -> dict[int, dict[str, Any]]:
     return {row["rank"]: row for row in rows}
 
 
-def test_two_concurrent_launches_all_reduce_print_whole_lines_and_the_settings_table(tmp_path: Path) -> None:
+def test_two_concurrent_launches_all_reduce_print_whole_lines_and_the_settings_table(
+        tmp_path: Path) -> None:
     (tmp_path / "job").mkdir()
     script = tmp_path / "job" / "allreduce.py"
     script.write_text((SCRIPTS / "allreduce.py").read_text())
