@@ -262,8 +262,9 @@ class CollectiveMonitor:
 
     # -- the watchdog thread ---------------------------------------------------------------
     def _start_thread(self) -> None:
-        # Not a daemon: a daemon thread can be inside the store's C++ code while the interpreter
-        # finalises (seen: "terminate called without an active exception", SIGABRT at exit).
+        # Not a daemon: a daemon thread could be inside the store's C++ code while the
+        # interpreter finalises. (The SIGABRT at exit first blamed on this was the gloo race
+        # that accel.distributed.settle handles.)
         # The loop ends when the interpreter exits (or within one period of the main thread
         # finishing, where the exit hook is unavailable).
         self._thread = threading.Thread(target=self._watch, name=f"accel-monitor-{self.rank}",
