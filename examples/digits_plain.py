@@ -98,6 +98,7 @@ def main() -> None:
         torch.save(plain.state_dict(), args.output)  # a pickle file
         print(f"saved {args.output}")
     if distributed:
+        dist.barrier()  # the other processes wait until rank 0 has saved
         dist.destroy_process_group()
 
 
