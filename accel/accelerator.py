@@ -26,27 +26,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _tree, env
-from .logging import main_print
-from .memory import release_memory
-from .progress import tqdm as _tqdm
-from .accumulation import AccumulationState
 from .checkpoint import files as _ckpt_files
 from .checkpoint.session import Checkpointer
 from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
                      GradientAccumulationPlugin, KwargsHandler, PrecisionType,
                      ProjectConfiguration)
-from .data import DataTracker, PreparedDataLoader, send_to_device, skip_first_batches
-from .device import select_device
-from .distributed import Communicator, build_context, start_process_group
-from .distributed.debug import consistency_check
-from .distributed.stall import CollectiveMonitor
-from .distributed.sync import leader_first, split_for_rank
-from .precision import make_precision
-from .preparation import Preparer, remove_autocast
-from .settings import (UNSUPPORTED_ARGUMENTS, check_argument_types, resolve_accumulation, resolve_precision,
-                       resolve_timeout, sort_handlers)
-from .strategy import select_strategy, unwrap_module
+from .accumulation import AccumulationState
+from .connector import Arguments, connect
+from .data import PreparedDataLoader, gather_for_metrics, send_to_device, skip_first_batches
+from .distributed.sync import any_rank, leader_first, split_for_rank
+from .logging import main_print
+from .memory import release_memory
+from .preparation import Preparer
+from .progress import tqdm as _tqdm
+from .runstate import RunState
 from .tracking import TrackerSet, init_trackers as _init_trackers
 from .training import StepController
 from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
@@ -58,7 +51,10 @@ class Accelerator:
     """Run one training loop on CPU, CUDA or XLA, in one process or many.
 
     Arguments and properties follow Hugging Face Accelerate's names. Settings resolve as:
-    constructor argument > ``ACCEL_*`` variables (from ``accel launch``) > default.
+    constructor argument > ``ACCEL_*`` variables (from ``accel launch``) > default; see
+    :mod:`accel.connector`. The object itself only delegates: to the runtime built by
+    ``connect`` (communicator, precision, strategy), to the run state (what was prepared), and
+    to the collaborators below.
     """
 
     def __init__(
@@ -80,98 +76,66 @@ class Accelerator:
         sync_batchnorm: bool = False,
         **unsupported: Any,
     ) -> None:
-        for name in unsupported:
-            hint = UNSUPPORTED_ARGUMENTS.get(name, "it is not an Accelerator argument")
-            raise TypeError(f"Accelerator() got an unsupported argument {name!r}: {hint}")
-        check_argument_types(cpu, device_placement, project_dir, log_with,
-                             step_scheduler_with_optimizer)
-        settings = env.read_settings()
-        if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
-            torch.set_num_threads(settings.num_threads)
-        handlers = sort_handlers(kwargs_handlers)
-        self._settings = settings
-        self._precision_mode = resolve_precision(mixed_precision, settings)
-        plugin = resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin,
-                                      settings)
-        self.gradient_accumulation_plugin = plugin
-        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
-        if not isinstance(self.dataloader_config, DataLoaderConfiguration):
-            raise TypeError("dataloader_config must be a DataLoaderConfiguration")
-        if project_config is not None and project_dir is not None and \
-                project_config.project_dir not in (None, project_dir):
-            raise ValueError(f"project_dir={project_dir!r} disagrees with project_config."
-                             f"project_dir={project_config.project_dir!r}; pass one of them")
-        self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
-        if project_dir is not None and self.project_configuration.project_dir is None:
-            self.project_configuration.project_dir = project_dir
-            self.project_configuration.logging_dir = self.project_configuration.logging_dir or project_dir
-        self.rng_types = self._check_rng_types(rng_types)
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.device_placement = device_placement
-        self.sync_batchnorm = bool(sync_batchnorm)
-        self._autocast_kwargs = handlers.autocast or AutocastKwargs()
-
-        info = env.detect_launch()
-        device_kind = select_device(device, cpu, settings)
-        self.state = build_context(info, device_kind)
-        self._device_kind = device_kind
-        init = handlers.init
-        self.timeout = resolve_timeout(timeout, init, settings)
-        self._group = start_process_group(self.state, info, device_kind, self.timeout,
-                                          init.backend if init else None,
-                                          init.init_method if init else None)
-        self.timeout = self._group.timeout
-        self._monitor = CollectiveMonitor(self.state.rank, self.state.world_size,
-                                          self._group.store(), settings.stall_seconds,
-                                          self.timeout, attempt=info.restart_count)
-        self._comm = Communicator(self.state, [self._monitor] + ([consistency_check]
-                                                                 if settings.debug else []))
-        self._precision = make_precision(self._precision_mode, self.state.device,
-                                         self._autocast_kwargs, handlers.scaler,
-                                         device_kind.supports_bf16())
-        self._strategy = select_strategy(self.state, device_placement, handlers.ddp)
-        self._accumulation = AccumulationState(
-            num_steps=plugin.num_steps or 1, adjust_scheduler=plugin.adjust_scheduler,
-            sync_with_dataloader=plugin.sync_with_dataloader,
-            sync_each_batch=plugin.sync_each_batch)
-        self._tracker = DataTracker()
-        self._prep = Preparer(self._comm, self._precision, self._strategy, self._accumulation,
-                              self._tracker, self.dataloader_config,
-                              step_scheduler_with_optimizer, self.sync_batchnorm)
-        # the registries live on the preparer; these names share the same lists
-        self._models, self._optimizers = self._prep.models, self._prep.optimizers
-        self._schedulers, self._dataloaders = self._prep.schedulers, self._prep.dataloaders
-        self._sections = 0
-        self._trigger = False
-        self._ckpt = Checkpointer(self._comm, self._prep, self._precision, self._device_kind,
-                                  self._accumulation, self.project_configuration,
-                                  self.unwrap_model)
-        self._step = StepController(self._precision, self._strategy, self._accumulation,
-                                    self._comm, self._tracker, self._models, self._optimizers)
-        self._log_with = log_with
+        opts, rt = connect(Arguments(
+            device_placement, mixed_precision, gradient_accumulation_steps, cpu, device,
+            dataloader_config, project_dir, project_config, gradient_accumulation_plugin,
+            rng_types, log_with, step_scheduler_with_optimizer, kwargs_handlers, timeout,
+            sync_batchnorm, unsupported))
+        self._options, self._rt, self.state = opts, rt, rt.context
+        self._run = RunState(AccumulationState.from_plugin(opts.accumulation))
+        self._prep = Preparer(rt.comm, rt.precision, rt.strategy, self._run,
+                              opts.dataloader_config, opts.step_scheduler_with_optimizer,
+                              opts.sync_batchnorm, rt.hardware.batch_hook())
+        self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm)
+        self._ckpt = Checkpointer(rt.comm, self._run, rt.precision, rt.hardware,
+                                  self._run.accumulation, opts.project, self.unwrap_model)
         self._trackers = TrackerSet()
         self._announce()
 
     # -- description ---------------------------------------------------------------------------
     def _announce(self) -> None:
         if self.state.is_distributed and self.state.is_main_process:
-            seconds = self.timeout.total_seconds() if self.timeout else 0
-            print(f"accel: {self._device_kind.describe(self.state.world_size)}; "
-                  f"collective timeout {seconds:.0f} s", file=sys.stderr, flush=True)
-
-    @staticmethod
-    def _check_rng_types(rng_types: list[str] | None) -> list[str]:
-        allowed = ("torch", "cuda", "xla", "generator")
-        for item in rng_types or []:
-            if item not in allowed:
-                raise ValueError(f"unknown rng type {item!r}; expected some of {allowed}")
-        return list(rng_types or [])
+            print(f"accel: {self._rt.hardware.describe(self.state.world_size)}; collective "
+                  f"timeout {self.timeout.total_seconds():.0f} s", file=sys.stderr, flush=True)
 
     def __repr__(self) -> str:
-        return (f"Accelerator({self._device_kind.describe(self.state.world_size)}, "
+        return (f"Accelerator({self._rt.hardware.describe(self.state.world_size)}, "
                 f"rank {self.process_index}, mixed_precision={self.mixed_precision!r})")
 
     # -- properties ----------------------------------------------------------------------------
+    @property
+    def gradient_accumulation_plugin(self) -> GradientAccumulationPlugin:
+        return self._options.accumulation
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        return self._options.dataloader_config
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        return self._options.project
+
+    @property
+    def rng_types(self) -> list[str]:
+        return list(self._options.rng_types)
+
+    @property
+    def step_scheduler_with_optimizer(self) -> bool:
+        return self._options.step_scheduler_with_optimizer
+
+    @property
+    def device_placement(self) -> bool:
+        return self._options.device_placement
+
+    @property
+    def sync_batchnorm(self) -> bool:
+        return self._options.sync_batchnorm
+
+    @property
+    def timeout(self) -> timedelta:
+        """The collective timeout of the process group."""
+        return self._rt.timeout
+
     @property
     def device(self) -> torch.device:
         return self.state.device
@@ -206,51 +170,46 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        if self.state.device.type == "xla":
-            return DistributedType.MULTI_XLA if self.state.is_distributed else DistributedType.XLA
-        if not self.state.is_distributed:
-            return DistributedType.NO
-        return DistributedType.MULTI_GPU if self.state.device.type == "cuda" else \
-            DistributedType.MULTI_CPU
+        return self._rt.strategy.distributed_type
 
     @property
     def mixed_precision(self) -> str:
-        return self._precision_mode.value
+        return self._rt.precision.mode.value
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
-        return self._precision.scaler
+        return self._rt.precision.scaler
 
     @property
     def sync_gradients(self) -> bool:
-        return self._accumulation.sync_gradients
+        return self._run.accumulation.sync_gradients
 
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
-        self._accumulation.sync_gradients = bool(value)
+        self._run.accumulation.sync_gradients = bool(value)
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self._accumulation.num_steps
+        return self._run.accumulation.num_steps
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}")
-        self._accumulation.num_steps = value
+        self._run.accumulation.num_steps = value
 
     @property
     def step(self) -> int:
         """Micro-steps taken in the current accumulation group."""
-        return self._accumulation.step
+        return self._run.accumulation.step
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
-        return any(opt.step_was_skipped for opt in self._optimizers)
+        return self._run.optimizer_step_was_skipped
 
     @property
     def end_of_dataloader(self) -> bool:
-        return self._tracker.end_of_dataloader
+        return self._run.data.end_of_dataloader
 
     # -- prepare -------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -269,7 +228,7 @@ class Accelerator:
         """Move ``model`` to the device, wrap it (DDP) unless ``evaluation_mode``, add autocast."""
         place = self.device_placement if device_placement is None else device_placement
         wrapped = self._prep.prepare_model(model, place, evaluation_mode)
-        self._prep.prepared_ids.add(id(wrapped))
+        self._run.prepared_ids.add(id(wrapped))
         return wrapped
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader,
@@ -293,24 +252,13 @@ class Accelerator:
         """Accumulate gradients over ``gradient_accumulation_steps`` micro-batches."""
         return self._step.accumulate(models)
 
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip gradient synchronisation for backward passes inside the block."""
-        with self._strategy.no_sync(model):
-            yield
+        return self._rt.strategy.no_sync(model)
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Force DDP to synchronise in the next backward even inside ``no_sync``."""
-        if not isinstance(model, nn.parallel.DistributedDataParallel):
-            yield
-            return
-        old = model.require_backward_grad_sync
-        model.require_backward_grad_sync = model.require_forward_param_sync = True
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync = old
+        return self._rt.strategy.trigger_sync(model)
 
     def backward(self, loss: torch.Tensor, num_items: float | int | torch.Tensor | None = None,
                  **kwargs: Any) -> None:
@@ -339,48 +287,39 @@ class Accelerator:
     def autocast(self, autocast_handler: AutocastKwargs | None = None
                  ) -> contextlib.AbstractContextManager[Any]:
         """The mixed-precision forward context (a no-op with mixed_precision='no')."""
-        return self._precision.forward_context(autocast_handler)
+        return self._rt.precision.forward_context(autocast_handler)
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
         """The user's module, without DDP/compile wrappers (and autocast, if asked)."""
-        inner = unwrap_module(model)
+        inner = self._rt.strategy.unwrap(model)
         if not keep_fp32_wrapper:
             for module in {id(model): model, id(inner): inner}.values():
-                remove_autocast(module)
+                self._rt.precision.unwrap_forward(module)
         return inner
 
     # -- collectives ---------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors from all ranks along dim 0 (first dims may differ)."""
-        return self._comm.gather(tensor)
+        return self._rt.comm.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather per-sample outputs so that every sample appears exactly once, in order."""
-        loader = self._tracker.active
-        data = loader.trim_for_metrics(input_data) if loader is not None else input_data
-        group = loader.metrics_group if loader is not None else None
-        try:
-            leaves, rebuild = _tree.flatten(data, strict=True)
-        except TypeError:  # a leaf that is not a tensor
-            leaves = []
-        if use_gather_object or not leaves:
-            return self._comm.gather_object(data, group=group)
-        return self._comm.gather_flat(leaves, rebuild, group=group)
+        return gather_for_metrics(self._rt.comm, self._run.data, input_data, use_gather_object)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """All-reduce (sum, mean, max, min) across ranks; returns new tensors."""
-        return self._comm.reduce(tensor, reduction, scale)
+        return self._rt.comm.reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0,
                              pad_first: bool = False) -> Any:
-        return self._comm.pad_across_processes(tensor, dim, pad_index, pad_first)
+        return self._rt.comm.pad_across_processes(tensor, dim, pad_index, pad_first)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
-        return self._comm.broadcast(tensor, from_process)
+        return self._rt.comm.broadcast(tensor, from_process)
 
     def wait_for_everyone(self) -> None:
         """Barrier across all ranks."""
-        self._comm.barrier()
+        self._rt.comm.barrier()
 
     def on_signal(self, handler: Callable[[int], None],
                   signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
@@ -390,24 +329,23 @@ class Accelerator:
         passed yet, so ``handler`` may call ``save_state()``. Call on every rank, e.g.
         ``accelerator.on_signal(lambda signum: accelerator.save_state())``.
         """
-        self._monitor.on_signal(handler, signals)
+        self._rt.monitor.on_signal(handler, signals)
 
     def check_signal(self) -> None:
         """A cheap sync point (no communication) for ``on_signal``; call it once per step."""
-        self._monitor.point()
+        self._rt.monitor.point()
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
         """Run the block on the main process first (others wait without a timeout)."""
-        self._sections += 1
-        with leader_first(self.state, self._group.store(), f"s{self._sections}"):
+        with leader_first(self.state, self._rt.group.store(), self._run.next_section()):
             yield
 
     @contextlib.contextmanager
     def local_main_process_first(self) -> Iterator[None]:
         """Run the block on each node's local main process first."""
-        self._sections += 1
-        with leader_first(self.state, self._group.store(), f"s{self._sections}", local=True):
+        with leader_first(self.state, self._rt.group.store(), self._run.next_section(),
+                          local=True):
             yield
 
     @contextlib.contextmanager
@@ -417,31 +355,22 @@ class Accelerator:
 
     def set_trigger(self) -> None:
         """Flag a condition on this rank (e.g. early stopping) for ``check_trigger``."""
-        self._trigger = True
+        self._run.trigger = True
 
     def check_trigger(self) -> bool:
         """True on every rank if any rank called ``set_trigger`` (then resets it)."""
-        flag = torch.tensor([1.0 if self._trigger else 0.0], device=self.device)
-        fired = bool(self._comm.reduce(flag, "max")[0] > 0)
+        fired = any_rank(self._rt.comm, self._run.trigger)
         if fired:
-            self._trigger = False
+            self._run.trigger = False
         return fired
 
-    @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None
-                           ) -> Iterator[None]:
+                           ) -> contextlib.AbstractContextManager[Any]:
         """Let DDP ranks with fewer batches join the others' collectives (torch Join)."""
         if even_batches is not None:
             raise ValueError("join_uneven_inputs(even_batches=...) is not supported: set "
                              "DataLoaderConfiguration(even_batches=False) before prepare()")
-        ddp = [j for j in joinables if isinstance(j, nn.parallel.DistributedDataParallel)]
-        if not self.state.is_distributed or not ddp:
-            yield
-            return
-        from torch.distributed.algorithms.join import Join
-
-        with Join(ddp):
-            yield
+        return self._rt.strategy.join(joinables)
 
     # -- process helpers -----------------------------------------------------------------------
     def _run_if(self, condition: bool, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -481,11 +410,11 @@ class Accelerator:
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, Any] | None = None) -> None:
         """Start the trackers named by ``log_with`` (only the main process writes)."""
-        if self._log_with is None:
+        if self._options.log_with is None:
             raise ValueError("init_trackers() needs Accelerator(log_with=...), e.g. "
                              "log_with='jsonl' with project_dir='runs'")
-        self._trackers = _init_trackers(self._log_with, project_name, config,
-                                        self.project_configuration.logging_dir,
+        self._trackers = _init_trackers(self._options.log_with, project_name, config,
+                                        self._options.project.logging_dir,
                                         self.is_main_process, init_kwargs)
 
     @property
@@ -495,7 +424,7 @@ class Accelerator:
     def log(self, values: dict[str, Any], step: int | None = None,
             log_kwargs: dict[str, Any] | None = None) -> None:
         """Log ``values`` to every tracker (main process only)."""
-        if self._log_with is not None and not self._trackers.names:
+        if self._options.log_with is not None and not self._trackers.names:
             raise RuntimeError("log() before init_trackers(); call "
                                "accelerator.init_trackers(project_name) first")
         self._trackers.log(values, step, log_kwargs)
@@ -564,7 +493,8 @@ class Accelerator:
             warnings.warn("save(safe_serialization=False) is ignored: accel always writes "
                           "safetensors (no pickle), whatever the file extension", stacklevel=2)
         if self.is_main_process:
-            _ckpt_files.save(self.unwrap_model(obj) if isinstance(obj, nn.Module) else obj, f)
+            _ckpt_files.save(self._rt.strategy.model_state_dict(obj)
+                             if isinstance(obj, nn.Module) else obj, f)
 
     def save_model(self, model: nn.Module, save_directory: str,
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
@@ -574,15 +504,17 @@ class Accelerator:
 
     def load_model(self, model: nn.Module, load_directory: str, strict: bool = True) -> Any:
         """Load weights written by ``save_model`` (or ``save``) into ``model``."""
-        return _ckpt_files.load_model(self.unwrap_model(model), load_directory, strict=strict)
+        return _ckpt_files.load_model(self._rt.strategy.unwrap(model), load_directory,
+                                      strict=strict)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        return dict((self.unwrap_model(model) if unwrap else model).state_dict())
+        """The model's full state dict (gathered by the strategy when it is sharded)."""
+        return self._rt.strategy.model_state_dict(model) if unwrap else dict(model.state_dict())
 
     # -- memory --------------------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop accel's references to prepared objects and release cached device memory."""
-        self._prep.clear()
+        self._run.clear()
         return release_memory(*objects)
 
     clear = free_memory
@@ -591,8 +523,8 @@ class Accelerator:
         """Finish trackers and end the process group accel started."""
         self._trackers.end_training()
         self.wait_for_everyone()
-        self._monitor.close()
-        self._group.close()
+        self._rt.monitor.close()
+        self._rt.group.close()
 
 
 Accelerator.send_to_device = staticmethod(send_to_device)  # type: ignore[attr-defined]

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .config import GradientAccumulationPlugin
+
 __all__ = ["AccumulationState"]
 
 
@@ -36,6 +38,13 @@ class AccumulationState:
     #: items (e.g. tokens) passed to ``backward(num_items=...)`` in the current group, this rank
     items: float = 0.0
     uses_num_items: bool | None = None
+
+    @classmethod
+    def from_plugin(cls, plugin: GradientAccumulationPlugin) -> AccumulationState:
+        """The state for ``plugin``'s settings (``num_steps=None`` means 1)."""
+        return cls(num_steps=plugin.num_steps or 1, adjust_scheduler=plugin.adjust_scheduler,
+                   sync_with_dataloader=plugin.sync_with_dataloader,
+                   sync_each_batch=plugin.sync_each_batch)
 
     def begin_micro_step(self, end_of_dataloader: bool) -> None:
         """Advance one micro-batch and decide whether gradients synchronise after it."""

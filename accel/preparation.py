@@ -1,7 +1,7 @@
-"""What ``Accelerator.prepare`` does to each kind of object, and the registry of what it did.
+"""What ``Accelerator.prepare`` does to each kind of object.
 
-``Preparer`` owns the lists of prepared models, optimizers, schedulers and data loaders (one per
-Accelerator, no globals); the Accelerator delegates ``prepare*`` to it.
+``Preparer`` records what it prepared in the run state it is given (one per Accelerator, no
+globals); the model's wrapping is the strategy's and its forward wrapper the precision's.
 
 Example:
     >>> import torch
@@ -14,23 +14,22 @@ Example:
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import _tree
-from .accumulation import AccumulationState
-from .config import DataLoaderConfiguration, PrecisionType
-from .data import DataTracker, PreparedDataLoader, prepare_data_loader
+from .config import DataLoaderConfiguration
+from .data import PreparedDataLoader, prepare_data_loader
 from .distributed import Communicator
-from .precision import Precision, check_trainable_dtypes
-from .strategy import Strategy, select_strategy
+from .precision import Precision
+from .runstate import RunState
+from .strategy import Strategy
 from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
-__all__ = ["Preparer", "remove_autocast"]
+__all__ = ["Preparer"]
 
 
 def _is_scheduler(obj: Any) -> bool:
@@ -39,41 +38,19 @@ def _is_scheduler(obj: Any) -> bool:
         obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
-def _to_fp32(data: Any) -> Any:
-    return _tree.apply(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
-                       data)
-
-
-def remove_autocast(module: nn.Module) -> None:
-    """Undo the autocast ``forward`` that ``prepare`` installed on ``module`` (if any)."""
-    patched = module.__dict__.get("forward")
-    original = getattr(patched, "_accel_original", None)
-    if original is None:
-        return
-    if getattr(original, "__func__", None) is type(module).forward:
-        del module.__dict__["forward"]  # back to the class's own forward
-    else:
-        module.forward = original  # type: ignore[method-assign]
-
-
-@dataclass
+@dataclass(frozen=True)
 class Preparer:
-    """Prepares objects for one Accelerator and remembers them."""
+    """Prepares objects for one Accelerator and records them in ``run``."""
 
     comm: Communicator
     precision: Precision
     strategy: Strategy
-    accumulation: AccumulationState
-    tracker: DataTracker
+    run: RunState
     dataloader_config: DataLoaderConfiguration
     step_scheduler_with_optimizer: bool = True
     sync_batchnorm: bool = False
-    models: list[nn.Module] = field(default_factory=list)
-    optimizers: list[AcceleratedOptimizer] = field(default_factory=list)
-    schedulers: list[AcceleratedScheduler] = field(default_factory=list)
-    dataloaders: list[PreparedDataLoader] = field(default_factory=list)
-    prepared_ids: set[int] = field(default_factory=set)
-    data_seed: int | None = None
+    #: the device's per-batch hook for placed loaders (``Device.batch_hook()``)
+    after_batch: Callable[[], None] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -88,7 +65,7 @@ class Preparer:
             raise ValueError(f"prepare() got the same {type(dup).__name__} twice; "
                              "pass each object once")
         out: list[Any] = list(args)
-        done = {i for i, obj in enumerate(args) if id(obj) in self.prepared_ids}
+        done = {i for i, obj in enumerate(args) if id(obj) in self.run.prepared_ids}
         moved: dict[int, nn.Parameter] = {}  # old -> new parameter objects (XLA replaces them)
         for kind in (nn.Module, torch.optim.Optimizer, "scheduler", torch.utils.data.DataLoader):
             for i, obj in enumerate(args):  # models first so optimizers see moved parameters
@@ -106,7 +83,7 @@ class Preparer:
                 raise TypeError(
                     f"prepare() cannot handle {type(obj).__name__} (argument {i}); it accepts "
                     "nn.Module, torch.optim.Optimizer, LR schedulers and torch DataLoader")
-            self.prepared_ids.add(id(out[i]))
+            self.run.prepared_ids.add(id(out[i]))
         return out
 
     def _prepare_one(self, obj: Any, place: bool, moved: dict[int, nn.Parameter]) -> Any:
@@ -124,74 +101,51 @@ class Preparer:
         """Wrap ``optimizer``; point it at the model's placed parameters (new objects on XLA)."""
         for group in optimizer.param_groups:
             group["params"] = [(moved or {}).get(id(p), p) for p in group["params"]]
-        if self.strategy.place and self.device.type == "xla":
-            stale = [p for g in optimizer.param_groups for p in g["params"]
-                     if p.device.type != self.device.type]
-            if stale:
-                raise ValueError(
-                    f"{len(stale)} optimizer parameter(s) are not on {self.device}; pass the "
-                    "model and its optimizer to the same prepare() call, or create the "
-                    "optimizer after prepare(model)")
-        opt = AcceleratedOptimizer(optimizer, self.precision, self.strategy, self.accumulation)
-        self.optimizers.append(opt)
+        self.strategy.check_optimizer(optimizer)
+        opt = AcceleratedOptimizer(optimizer, self.precision, self.strategy, self.run)
+        self.run.optimizers.append(opt)
         return opt
 
     def prepare_model(self, model: nn.Module, place: bool = True,
                       evaluation_mode: bool = False) -> nn.Module:
-        """Move ``model`` to the device, wrap it for the strategy (DDP), add autocast."""
-        check_trainable_dtypes(self.precision.mode, model.named_parameters())
-        strategy = self.strategy
-        if not place and strategy.place:
-            strategy = select_strategy(self.comm.ctx, False, strategy.ddp_kwargs)
-        if evaluation_mode:  # inference only: placed, never wrapped in DDP
-            wrapped = model.to(self.device) if strategy.place else model
+        """Move ``model`` to the device, wrap it for the strategy, add the precision's forward."""
+        self.precision.check_model(model)
+        strategy = self.strategy.with_placement(place and self.strategy.place)
+        if evaluation_mode:  # inference only: placed, never wrapped for training
+            wrapped = strategy.place_model(model)
         else:
             wrapped = strategy.wrap_model(model, self.sync_batchnorm)
-        if self.precision.mode is not PrecisionType.NO:
-            original = wrapped.forward
-            context = self.precision.forward_context
-
-            @functools.wraps(original)
-            def forward(*a: Any, **kw: Any) -> Any:
-                with context():
-                    return _to_fp32(original(*a, **kw))
-
-            forward._accel_original = original  # type: ignore[attr-defined]
-            wrapped.forward = forward  # type: ignore[method-assign]
-        self.models.append(wrapped)
+        wrapped = self.precision.wrap_forward(wrapped)
+        self.run.models.append(wrapped)
         return wrapped
 
-    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader,
+    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader[Any],
                             place: bool = True) -> PreparedDataLoader:
         """Shard ``data_loader`` by rank and move its batches to the device."""
         loader = prepare_data_loader(
             data_loader, ctx=self.comm.ctx, comm=self.comm,
             device=self.device if place else None, config=self.dataloader_config,
-            tracker=self.tracker, seed=self.agreed_seed())
-        if loader not in self.dataloaders:
-            self.dataloaders.append(loader)
+            tracker=self.run.data, seed=self.agreed_seed(),
+            after_batch=self.after_batch if place else None)
+        if loader not in self.run.dataloaders:
+            self.run.dataloaders.append(loader)
         return loader
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         inner = getattr(scheduler, "optimizer", None)
-        optimizers = [o for o in self.optimizers if o.optimizer is inner or o is inner]
+        optimizers = [o for o in self.run.optimizers if o.optimizer is inner or o is inner]
         wrapped = AcceleratedScheduler(
-            scheduler, optimizers or list(self.optimizers), self.accumulation,
+            scheduler, optimizers or list(self.run.optimizers), self.run,
             self.comm.ctx.world_size, self.dataloader_config.split_batches,
             self.step_scheduler_with_optimizer)
-        self.schedulers.append(wrapped)
+        self.run.schedulers.append(wrapped)
         return wrapped
 
     def agreed_seed(self) -> int:
         """The data-order seed every rank uses (data_seed, else rank 0's torch seed)."""
-        if self.data_seed is None:
+        if self.run.data_seed is None:
             seed = self.dataloader_config.data_seed
             if seed is None:
                 seed = self.comm.broadcast_object_list([torch.initial_seed() % (2**63)])[0]
-            self.data_seed = int(seed)
-        return self.data_seed
-
-    def clear(self) -> None:
-        for registry in (self.models, self.optimizers, self.schedulers, self.dataloaders):
-            registry.clear()
-        self.prepared_ids.clear()
+            self.run.data_seed = int(seed)
+        return self.run.data_seed

@@ -22,10 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .accumulation import AccumulationState
-from .data import DataTracker
 from .distributed import Communicator
 from .precision import Precision
+from .runstate import RunState
 from .strategy import Strategy
 
 __all__ = ["StepController"]
@@ -34,29 +33,26 @@ __all__ = ["StepController"]
 class StepController:
     """Backward, accumulation and clipping for one Accelerator."""
 
-    def __init__(self, precision: Precision, strategy: Strategy, accumulation: AccumulationState,
-                 comm: Communicator, tracker: DataTracker, models: list[nn.Module],
-                 optimizers: list[Any]) -> None:
+    def __init__(self, precision: Precision, strategy: Strategy, run: RunState,
+                 comm: Communicator) -> None:
         self.precision = precision
         self.strategy = strategy
-        self.acc = accumulation
+        self.run = run
         self.comm = comm
-        self.tracker = tracker
-        self.models = models
-        self.optimizers = optimizers
 
     @contextlib.contextmanager
     def accumulate(self, models: tuple[nn.Module, ...]) -> Iterator[None]:
-        self.acc.begin_micro_step(self.tracker.end_of_dataloader)
+        acc = self.run.accumulation
+        acc.begin_micro_step(self.run.data.end_of_dataloader)
         with contextlib.ExitStack() as stack:
-            if not self.acc.sync_gradients and not self.acc.sync_each_batch:
-                for model in models or self.models:
+            if not acc.sync_gradients and not acc.sync_each_batch:
+                for model in models or self.run.models:
                     stack.enter_context(self.strategy.no_sync(model))
             yield
 
     def backward(self, loss: torch.Tensor, num_items: float | int | torch.Tensor | None,
                  **kwargs: Any) -> None:
-        acc = self.acc
+        acc = self.run.accumulation
         use_items = num_items is not None
         if acc.uses_num_items is not None and acc.uses_num_items != use_items:
             raise ValueError("backward() was called with and without num_items in one "
@@ -66,7 +62,7 @@ class StepController:
             acc.items += float(num_items.item() if isinstance(num_items, torch.Tensor)
                                else num_items)  # type: ignore[union-attr]
         else:
-            loader = self.tracker.active
+            loader = self.run.data.active
             weight = acc.loss_weight(loader.current_batch_len if loader is not None else 1)
             if weight != 1.0:
                 loss = loss * weight
@@ -80,7 +76,7 @@ class StepController:
     def _items_factor(self) -> float:
         # DDP averages gradients over ranks, so multiply back by the world size.
         device = self.comm.ctx.device
-        local = torch.tensor([self.acc.items], dtype=torch.float64, device=device)
+        local = torch.tensor([self.run.accumulation.items], dtype=torch.float64, device=device)
         total = float(self.comm.reduce(local, "sum")[0])
         if total <= 0:
             raise ValueError("num_items summed to 0 over the accumulation group; pass the "
@@ -89,25 +85,25 @@ class StepController:
 
     def _scale_gradients(self, factor: float) -> None:
         with torch.no_grad():
-            for model in self.models:
+            for model in self.run.models:
                 for param in model.parameters():
                     if param.grad is not None:
                         param.grad.mul_(factor)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
-        targets = self.optimizers if optimizer is None else [optimizer]
+        targets = self.run.optimizers if optimizer is None else [optimizer]
         for opt in targets:
             self.precision.unscale_(getattr(opt, "optimizer", opt))
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float,
                         norm_type: float = 2.0) -> torch.Tensor | None:
-        if not self.acc.sync_gradients:
+        if not self.run.accumulation.sync_gradients:
             return None
         self.unscale_gradients()
-        return nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        if not self.acc.sync_gradients:
+        if not self.run.accumulation.sync_gradients:
             return
         self.unscale_gradients()
-        nn.utils.clip_grad_value_(parameters, clip_value)
+        self.strategy.clip_grad_value_(parameters, clip_value)

@@ -24,7 +24,9 @@ from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataPar
                      DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
                      InitProcessGroupKwargs, PrecisionType, ProjectConfiguration)
 from .data import send_to_device, skip_first_batches
-from .distributed import Communicator, ProcessContext
+from . import env
+from .device import DEVICE_KINDS
+from .distributed import Communicator, ProcessContext, build_context
 from .memory import find_executable_batch_size, release_memory
 
 __all__ = [
@@ -37,14 +39,12 @@ __all__ = [
 
 
 def _comm() -> Communicator:
+    """Collectives on torch's default group; the rank comes from the one derivation that the
+    Accelerator uses too (``build_context``: the group's rank, the launcher's local rank)."""
     if not (dist.is_available() and dist.is_initialized()):
-        ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
-        return Communicator(ctx)
-    backend = str(dist.get_backend())
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
-        else torch.device("cpu")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    return Communicator(ProcessContext(rank, rank, world, world, 0, device, backend, "user"))
+        return Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    kind = {"nccl": "cuda", "xla": "xla"}.get(str(dist.get_backend()), "cpu")
+    return Communicator(build_context(env.detect_launch(), DEVICE_KINDS[kind]()))
 
 
 def gather(tensor: Any) -> Any:

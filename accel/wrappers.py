@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .accumulation import AccumulationState
 from .precision import Precision
+from .runstate import RunState
 from .strategy import Strategy
 
 __all__ = ["AcceleratedOptimizer", "AcceleratedScheduler"]
@@ -34,12 +34,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps a user optimizer; attribute access falls through to it."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, precision: Precision,
-                 strategy: Strategy, accumulation: AccumulationState) -> None:
+                 strategy: Strategy, run: RunState) -> None:
         # Deliberately not calling Optimizer.__init__: state lives on the wrapped optimizer.
         self.optimizer = optimizer
         self._precision = precision
         self._strategy = strategy
-        self._accumulation = accumulation
+        self._run = run
         self.step_was_skipped = False
         self.steps_taken = 0
 
@@ -78,11 +78,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._accumulation.sync_gradients:
+        if self._run.accumulation.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        if not self._accumulation.sync_gradients:
+        if not self._run.accumulation.sync_gradients:
             return None
         if closure is not None:
             raise ValueError("optimizer.step(closure) is not supported by prepared optimizers; "
@@ -107,11 +107,11 @@ class AcceleratedScheduler:
     """Wraps an LR scheduler so that it steps with the optimizer (see module docstring)."""
 
     def __init__(self, scheduler: Any, optimizers: list[AcceleratedOptimizer],
-                 accumulation: AccumulationState, num_processes: int, split_batches: bool,
+                 run: RunState, num_processes: int, split_batches: bool,
                  step_with_optimizer: bool = True) -> None:
         self.scheduler = scheduler
         self.optimizers = optimizers
-        self._accumulation = accumulation
+        self._run = run
         self.num_processes = num_processes
         self.split_batches = split_batches
         self.step_with_optimizer = step_with_optimizer
@@ -120,7 +120,7 @@ class AcceleratedScheduler:
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
-        if not self._accumulation.sync_gradients:
+        if not self._run.accumulation.sync_gradients:
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return

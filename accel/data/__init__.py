@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+from .metrics import gather_for_metrics
 from .loader import DataTracker, PreparedDataLoader, prepare_data_loader, skip_first_batches
 from .samplers import SeedableSampler
 from .transfer import send_to_device
@@ -31,6 +32,7 @@ __all__ = [
     "DataTracker",
     "PreparedDataLoader",
     "SeedableSampler",
+    "gather_for_metrics",
     "prepare_data_loader",
     "send_to_device",
     "skip_first_batches",

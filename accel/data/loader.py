@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..config import DataLoaderConfiguration
-from ..device.xla import mark_step
 from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
 from .plan import Step
@@ -99,7 +98,8 @@ class PreparedDataLoader:
 
     def __init__(self, base: DataLoader[Any], source: _Source, *, ctx: ProcessContext,
                  device: torch.device | None, config: DataLoaderConfiguration,
-                 tracker: DataTracker, seed: int) -> None:
+                 tracker: DataTracker, seed: int,
+                 after_batch: Callable[[], None] | None = None) -> None:
         self.base_dataloader = base
         self.dataset = base.dataset
         self.device = device
@@ -116,6 +116,7 @@ class PreparedDataLoader:
         self._config = config
         self._tracker = tracker
         self._seed = int(seed)
+        self._after_batch = after_batch
         self._started = False
         self._passes = 0
         self._yielded = 0
@@ -136,8 +137,8 @@ class PreparedDataLoader:
                 if step.payload is None:
                     continue
                 self._take(step)
-                if self.device is not None and self.device.type == "xla":
-                    mark_step()  # cut the lazy graph per batch (eval, micro-steps)
+                if self._after_batch is not None:
+                    self._after_batch()  # the device's per-batch hook (XLA: mark_step)
                 yield send_to_device(batch, self.device, non_blocking=self._config.non_blocking)
         finally:
             self._tracker.pop(token)
@@ -266,10 +267,12 @@ def _convert_skip(skip: int, old_world: int, new_world: int, split: bool) -> int
 
 def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: Communicator,
                         device: torch.device | None, config: DataLoaderConfiguration,
-                        tracker: DataTracker, seed: int) -> PreparedDataLoader:
+                        tracker: DataTracker, seed: int,
+                        after_batch: Callable[[], None] | None = None) -> PreparedDataLoader:
     """Shard ``loader`` by rank (once), place its batches on ``device`` and track it.
 
     ``seed`` must be the same on every rank (``config.data_seed`` wins when set).
+    ``after_batch`` is the device's per-batch hook (``Device.batch_hook()``; XLA's mark_step).
 
     Example:
         >>> import torch
@@ -295,7 +298,7 @@ def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: C
     source = _select_source(loader, ctx, config, seed)
     _check_same_everywhere(loader, source, comm)
     return PreparedDataLoader(loader, source, ctx=ctx, device=device, config=config,
-                              tracker=tracker, seed=seed)
+                              tracker=tracker, seed=seed, after_batch=after_batch)
 
 
 def _select_source(loader: DataLoader[Any], ctx: ProcessContext,

@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,6 +61,18 @@ class Device(ABC):
 
     def supports_bf16(self) -> bool:
         return True
+
+    def supports_fp16_scaler(self) -> bool:
+        """Whether ``torch.amp.GradScaler`` works here (fp16 mixed precision needs it)."""
+        return True
+
+    def batch_hook(self) -> Callable[[], None] | None:
+        """What a prepared loader calls after producing each batch; None when nothing.
+
+        Lazy devices cut their graph per batch here (XLA's ``mark_step``). A device without a
+        hook returns None, so the loader's hot path costs nothing on it.
+        """
+        return None
 
     def describe(self, world_size: int) -> str:
         """One line such as ``2x CUDA (Tesla T4)`` or ``CPU, 2 processes, gloo``."""

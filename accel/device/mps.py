@@ -30,6 +30,9 @@ class MPSDevice(Device):
     def synchronize(self) -> None:
         torch.mps.synchronize()
 
+    def supports_fp16_scaler(self) -> bool:
+        return False  # GradScaler has no MPS implementation
+
     def manual_seed(self, seed: int) -> None:
         torch.mps.manual_seed(seed)
 

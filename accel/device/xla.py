@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -94,6 +95,9 @@ class XLADevice(Device):
         if hasattr(txla, "device"):  # torch_xla >= 2.6; xm.xla_device() is deprecated
             return txla.device()
         return _xm().xla_device()
+
+    def batch_hook(self) -> Callable[[], None] | None:
+        return mark_step  # cut the lazy graph per batch (evaluation, accumulation micro-steps)
 
     def synchronize(self) -> None:
         mark_step()

@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from .context import ProcessContext
+from .ops import Communicator
 
-__all__ = ["leader_first", "split_for_rank", "wait_for_key"]
+__all__ = ["any_rank", "leader_first", "split_for_rank", "wait_for_key"]
 
 
 def wait_for_key(store: dist.Store, key: str, poll: float = 0.01, max_poll: float = 0.2) -> None:
@@ -100,3 +101,9 @@ def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False
     if isinstance(inputs, torch.Tensor):
         return torch.cat([part, last.expand(missing, *inputs.shape[1:])])
     return part + type(inputs)(list(last) * missing)
+
+
+def any_rank(comm: Communicator, flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on at least one (one small all-reduce)."""
+    value = torch.tensor([1.0 if flag else 0.0], device=comm.ctx.device)
+    return bool(comm.reduce(value, "max")[0] > 0)

@@ -1,5 +1,7 @@
-"""Model-wrapping strategies. ``select_strategy`` is the only place that branches on world size
-and device kind."""
+"""Model-wrapping strategies, one file per implementation of :class:`Strategy`.
+
+``select_strategy`` is the only place that branches on world size and device kind.
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,31 @@
-"""How a model is wrapped and how gradients are synchronised."""
+"""The interface every training strategy implements: how a model is wrapped and synchronised.
+
+A strategy is chosen once per ``Accelerator`` by :func:`accel.strategy.select_strategy` and is
+the only code that knows the wrapper types (DDP today, FSDP next): the facade, the training
+step and the checkpoint protocol call these methods and never test ``isinstance`` themselves.
+
+Example:
+    >>> import torch
+    >>> from accel.distributed import ProcessContext
+    >>> from accel.strategy import select_strategy
+    >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    >>> strategy = select_strategy(ctx)
+    >>> model = strategy.wrap_model(torch.nn.Linear(2, 1))
+    >>> strategy.unwrap(model) is model, strategy.distributed_type.value
+    (True, 'NO')
+"""
 
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import DistributedDataParallelKwargs
+from ..config import DistributedDataParallelKwargs, DistributedType
 from ..distributed import ProcessContext
 
 __all__ = ["Strategy", "unwrap_module"]
@@ -26,10 +43,17 @@ def unwrap_module(model: nn.Module) -> nn.Module:
     return model
 
 
-class Strategy:
-    """Single device: move the model, nothing to synchronise."""
+class Strategy(ABC):
+    """How models are placed, wrapped, synchronised and saved for one ``Accelerator``.
 
-    name = "single"
+    Args:
+        ctx: this process's place in the job.
+        place: move models to ``ctx.device`` (``Accelerator(device_placement=...)``).
+        ddp_kwargs: DDP options (``DistributedDataParallelKwargs``), used by strategies that wrap.
+    """
+
+    #: short name shown in reports
+    name: str = ""
 
     def __init__(self, ctx: ProcessContext, place: bool = True,
                  ddp_kwargs: DistributedDataParallelKwargs | None = None) -> None:
@@ -37,16 +61,55 @@ class Strategy:
         self.place = place
         self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
 
+    # -- identity ------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's name for this kind of job (``accelerator.distributed_type``)."""
+
+    def with_placement(self, place: bool) -> Strategy:
+        """The same strategy, placing models on the device or not (``prepare(device_placement)``)."""
+        if place == self.place:
+            return self
+        return type(self)(self.ctx, place, self.ddp_kwargs)
+
+    # -- models --------------------------------------------------------------------------------
+    def place_model(self, model: nn.Module) -> nn.Module:
+        """Move ``model`` to the device when placement is on (inference: never wrapped)."""
+        return model.to(self.ctx.device) if self.place else model
+
+    @abstractmethod
     def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
+        """Place ``model`` and wrap it for training under this strategy."""
+
+    def _convert_and_place(self, model: nn.Module, sync_batchnorm: bool) -> nn.Module:
+        """SyncBatchNorm (several processes only), then placement: what every wrap starts with."""
         if sync_batchnorm and self.ctx.is_distributed:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        if self.place:
-            model = model.to(self.ctx.device)
-        return model
+        return self.place_model(model)
 
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside whatever ``wrap_model`` (or torch.compile) put around it."""
+        return unwrap_module(model)
+
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse an optimizer whose parameters are not where the model's are (the fix named)."""
+
+    # -- gradient synchronisation ----------------------------------------------------------------
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip gradient synchronisation in backward (accumulation micro-steps)."""
         return contextlib.nullcontext()
+
+    def trigger_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Synchronise in the next backward even inside ``no_sync``."""
+        return contextlib.nullcontext()
+
+    def join(self, joinables: Iterable[Any]) -> contextlib.AbstractContextManager[Any]:
+        """Let ranks with fewer batches shadow the others' collectives (torch ``Join``)."""
+        return contextlib.nullcontext()
+
+    def after_backward(self) -> None:
+        """Hook after each backward pass."""
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook before the optimizer steps (e.g. reduce gradients on XLA)."""
@@ -54,5 +117,21 @@ class Strategy:
     def after_optimizer_step(self) -> None:
         """Hook after the optimizer stepped (e.g. XLA's mark_step)."""
 
-    def after_backward(self) -> None:
-        """Hook after each backward pass."""
+    # -- clipping --------------------------------------------------------------------------------
+    def clip_grad_norm_(self, parameters: Any, max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the global norm of the (already synchronised, unscaled) gradients."""
+        return nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- state dicts ---------------------------------------------------------------------------
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full (unsharded) state dict of the user's module inside ``model``."""
+        return dict(self.unwrap(model).state_dict())
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+                              strict: bool = True) -> Any:
+        """Load a full state dict into the user's module; returns missing/unexpected keys."""
+        return self.unwrap(model).load_state_dict(state, strict=strict)

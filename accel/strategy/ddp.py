@@ -3,28 +3,60 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torch import nn
 
+from ..config import DistributedType
 from .base import Strategy
 
 __all__ = ["DDPStrategy"]
+
+_DDP = nn.parallel.DistributedDataParallel
 
 
 class DDPStrategy(Strategy):
     name = "ddp"
 
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.MULTI_GPU if self.ctx.device.type == "cuda" else \
+            DistributedType.MULTI_CPU
+
     def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
-        model = super().wrap_model(model, sync_batchnorm)
+        model = self._convert_and_place(model, sync_batchnorm)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # frozen (e.g. a teacher): DDP would refuse it, and nothing to sync
         kwargs = self.ddp_kwargs.to_kwargs()
         if self.ctx.device.type == "cuda":
             kwargs.update(device_ids=[self.ctx.device.index], output_device=self.ctx.device.index)
-        return nn.parallel.DistributedDataParallel(model, **kwargs)
+        return _DDP(model, **kwargs)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
+        if isinstance(model, _DDP):
             return model.no_sync()
         return contextlib.nullcontext()
+
+    def trigger_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        if not isinstance(model, _DDP):
+            return contextlib.nullcontext()
+        return _forced_sync(model)
+
+    def join(self, joinables: Iterable[Any]) -> contextlib.AbstractContextManager[Any]:
+        ddp = [j for j in joinables if isinstance(j, _DDP)]
+        if not self.ctx.is_distributed or not ddp:
+            return contextlib.nullcontext()
+        from torch.distributed.algorithms.join import Join
+
+        return Join(ddp)
+
+
+@contextlib.contextmanager
+def _forced_sync(model: nn.parallel.DistributedDataParallel) -> Iterator[None]:
+    old = model.require_backward_grad_sync
+    model.require_backward_grad_sync = model.require_forward_param_sync = True
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync = old

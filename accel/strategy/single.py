@@ -1,7 +1,10 @@
-"""One process on one device."""
+"""One process on one device: place the model, nothing to synchronise."""
 
 from __future__ import annotations
 
+from torch import nn
+
+from ..config import DistributedType
 from .base import Strategy
 
 __all__ = ["SingleDeviceStrategy"]
@@ -9,3 +12,10 @@ __all__ = ["SingleDeviceStrategy"]
 
 class SingleDeviceStrategy(Strategy):
     name = "single"
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.NO
+
+    def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
+        return self._convert_and_place(model, sync_batchnorm)

@@ -182,11 +182,12 @@ def test_short_last_group_is_mean_over_its_samples() -> None:
 
 def test_scheduler_steps_num_processes_times() -> None:
     from accel.accumulation import AccumulationState
+    from accel.runstate import RunState
     from accel.wrappers import AcceleratedScheduler
 
     opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    wrapped = AcceleratedScheduler(sched, [], AccumulationState(), num_processes=2,
+    wrapped = AcceleratedScheduler(sched, [], RunState(AccumulationState()), num_processes=2,
                                    split_batches=False)
     wrapped.step()
     assert sched.last_epoch == 2

@@ -42,7 +42,9 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/device/*", "L1"),
     ("accel/distributed/*", "L2"),
     ("accel/_stall*.py", "L2"),  # stall reports around collectives, through the c10d store
-    ("accel/precision.py", "L3"),
+    ("accel/precision/*", "L3"),
+    ("accel/connector.py", "L4"),
+    ("accel/runstate.py", "L4"),
     ("accel/strategy/*", "L3"),
     ("accel/data.py", "L3"),
     ("accel/data/*", "L3"),

@@ -1,0 +1,291 @@
+"""Turn ``Accelerator(...)`` arguments into a frozen runtime: the one place settings resolve.
+
+Precedence: constructor argument > ``ACCEL_*`` environment (written by ``accel launch`` from its
+flags and its config file, so a config file reaches workers through it) > default. When a
+constructor argument disagrees with the environment the constructor wins and one warning says
+so; an invalid value anywhere is an error that names the fix.
+
+:func:`connect` validates the arguments, reads the environment once, picks the device, starts
+(or adopts) the process group and builds the collaborators every later call shares: the
+communicator, the stall monitor, the precision policy and the strategy. Nothing here keeps
+state between calls; two ``Accelerator`` objects get two runtimes.
+
+Example:
+    >>> options, runtime = connect(Arguments(cpu=True, mixed_precision="bf16"))
+    >>> runtime.precision.mode.value, runtime.strategy.distributed_type.value
+    ('bf16', 'NO')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from . import env
+from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
+                     GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
+                     KwargsHandler, PrecisionType, ProjectConfiguration, parse_mixed_precision,
+                     to_timedelta)
+from .device import Device, select_device
+from .distributed import Communicator, ProcessContext, ProcessGroupHandle, build_context, \
+    start_process_group
+from .distributed.debug import consistency_check
+from .distributed.stall import CollectiveMonitor
+from .precision import Precision, make_precision
+from .strategy import Strategy, select_strategy
+from .tracking import check_log_with
+
+__all__ = ["Arguments", "Handlers", "Options", "Runtime", "UNSUPPORTED_ARGUMENTS", "connect",
+           "sort_handlers"]
+
+#: Accelerate constructor arguments that accel does not implement, and what to do instead.
+UNSUPPORTED_ARGUMENTS = {
+    "deepspeed_plugin": "DeepSpeed is not supported; use DDP (the default) or FSDP directly",
+    "deepspeed_plugins": "DeepSpeed is not supported; use DDP (the default)",
+    "fsdp_plugin": "FSDP is not supported yet; wrap the model with torch FSDP yourself",
+    "megatron_lm_plugin": "Megatron-LM is not supported",
+    "torch_tp_plugin": "tensor parallelism is not supported",
+    "dynamo_backend": "call torch.compile(model) yourself before prepare()",
+    "dynamo_plugin": "call torch.compile(model) yourself before prepare()",
+    "split_batches": "pass dataloader_config=DataLoaderConfiguration(split_batches=...)",
+    "dispatch_batches": "accel never dispatches batches from rank 0; drop the argument",
+    "even_batches": "pass dataloader_config=DataLoaderConfiguration(even_batches=...)",
+    "use_seedable_sampler": "pass dataloader_config=DataLoaderConfiguration(...)",
+}
+
+_RNG_TYPES = ("torch", "cuda", "xla", "generator")
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """``Accelerator(...)``'s arguments as given (names and defaults are Accelerate's)."""
+
+    device_placement: bool = True
+    mixed_precision: str | PrecisionType | None = None
+    gradient_accumulation_steps: int | None = None
+    cpu: bool = False
+    device: str | None = None
+    dataloader_config: DataLoaderConfiguration | None = None
+    project_dir: str | os.PathLike[str] | None = None
+    project_config: ProjectConfiguration | None = None
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
+    rng_types: list[str] | None = None
+    log_with: Any = None
+    step_scheduler_with_optimizer: bool = True
+    kwargs_handlers: list[KwargsHandler] | None = None
+    timeout: float | timedelta | None = None
+    sync_batchnorm: bool = False
+    unsupported: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """``kwargs_handlers`` sorted by kind (at most one of each)."""
+
+    ddp: DistributedDataParallelKwargs | None = None
+    scaler: GradScalerKwargs | None = None
+    init: InitProcessGroupKwargs | None = None
+    autocast: AutocastKwargs | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """The user's choices after validation and resolution; what the facade exposes."""
+
+    device_placement: bool
+    precision_mode: PrecisionType
+    accumulation: GradientAccumulationPlugin
+    dataloader_config: DataLoaderConfiguration
+    project: ProjectConfiguration
+    rng_types: list[str]
+    log_with: Any
+    step_scheduler_with_optimizer: bool
+    sync_batchnorm: bool
+    autocast: AutocastKwargs
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What one ``Accelerator`` runs on; built once by :func:`connect`, never replaced."""
+
+    settings: env.EnvSettings
+    launch: env.LaunchInfo
+    hardware: Device
+    context: ProcessContext
+    group: ProcessGroupHandle
+    monitor: CollectiveMonitor
+    comm: Communicator
+    precision: Precision
+    strategy: Strategy
+
+    @property
+    def timeout(self) -> timedelta:
+        return self.group.timeout
+
+
+def connect(args: Arguments) -> tuple[Options, Runtime]:
+    """Validate ``args``, resolve them against the environment, and build the runtime.
+
+    Raises:
+        TypeError: an unsupported argument or a value of the wrong type (naming the fix).
+        ValueError: an invalid or contradictory value (naming the fix).
+    """
+    _check_arguments(args)
+    settings = env.read_settings()
+    handlers = sort_handlers(args.kwargs_handlers)
+    options = _resolve_options(args, settings, handlers)
+    # Resolve everything that can fail before touching process-wide state.
+    timeout = _resolve_timeout(args.timeout, handlers.init, settings)
+    if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    return options, _build_runtime(args, options, settings, handlers, timeout)
+
+
+def _build_runtime(args: Arguments, options: Options, settings: env.EnvSettings,
+                   handlers: Handlers, timeout: timedelta | None) -> Runtime:
+    info = env.detect_launch()
+    hardware = select_device(args.device, args.cpu, settings)
+    ctx = build_context(info, hardware)
+    init = handlers.init
+    group = start_process_group(ctx, info, hardware, timeout, init.backend if init else None,
+                                init.init_method if init else None)
+    monitor = CollectiveMonitor(ctx.rank, ctx.world_size, group.store(), settings.stall_seconds,
+                                group.timeout, attempt=info.restart_count)
+    comm = Communicator(ctx, [monitor, *([consistency_check] if settings.debug else [])])
+    precision = make_precision(options.precision_mode, ctx.device, options.autocast,
+                               handlers.scaler, hardware)
+    strategy = select_strategy(ctx, options.device_placement, handlers.ddp)
+    return Runtime(settings, info, hardware, ctx, group, monitor, comm, precision, strategy)
+
+
+# -- validation ------------------------------------------------------------------------------
+def _check_arguments(args: Arguments) -> None:
+    """Reject wrong types early (``cpu="yes"`` would otherwise be truthy and silently apply)."""
+    for name in args.unsupported:
+        hint = UNSUPPORTED_ARGUMENTS.get(name, "it is not an Accelerator argument")
+        raise TypeError(f"Accelerator() got an unsupported argument {name!r}: {hint}")
+    for name in ("cpu", "device_placement", "step_scheduler_with_optimizer"):
+        value = getattr(args, name)
+        if not isinstance(value, bool):
+            raise TypeError(f"Accelerator({name}=...) must be True or False, got {value!r}")
+    if args.project_dir is not None and not isinstance(args.project_dir, (str, os.PathLike)):
+        raise TypeError(f"Accelerator(project_dir=...) must be a path, got {args.project_dir!r}")
+    if args.dataloader_config is not None and \
+            not isinstance(args.dataloader_config, DataLoaderConfiguration):
+        raise TypeError("dataloader_config must be a DataLoaderConfiguration")
+    for item in args.rng_types or []:
+        if item not in _RNG_TYPES:
+            raise ValueError(f"unknown rng type {item!r}; expected some of {_RNG_TYPES}")
+    check_log_with(args.log_with)
+
+
+def sort_handlers(handlers: list[KwargsHandler] | None) -> Handlers:
+    """Sort kwargs handlers by kind; a duplicate kind or an unknown object is an error."""
+    slots: dict[type[KwargsHandler], str] = {
+        DistributedDataParallelKwargs: "ddp", GradScalerKwargs: "scaler",
+        InitProcessGroupKwargs: "init", AutocastKwargs: "autocast"}
+    found: dict[str, KwargsHandler] = {}
+    for handler in handlers or []:
+        slot = slots.get(type(handler))
+        if slot is None:
+            raise TypeError(
+                f"kwargs_handlers got {type(handler).__name__}; expected instances of "
+                f"{', '.join(cls.__name__ for cls in slots)}"
+            )
+        if slot in found:
+            raise ValueError(f"kwargs_handlers has two {type(handler).__name__}; pass one")
+        found[slot] = handler
+    return Handlers(**found)  # type: ignore[arg-type]
+
+
+# -- resolution --------------------------------------------------------------------------------
+def _resolve_options(args: Arguments, settings: env.EnvSettings, handlers: Handlers) -> Options:
+    return Options(
+        device_placement=args.device_placement,
+        precision_mode=_resolve_precision(args.mixed_precision, settings),
+        accumulation=_resolve_accumulation(args.gradient_accumulation_steps,
+                                           args.gradient_accumulation_plugin, settings),
+        dataloader_config=args.dataloader_config or DataLoaderConfiguration(),
+        project=_resolve_project(args.project_dir, args.project_config),
+        rng_types=list(args.rng_types or []),
+        log_with=args.log_with,
+        step_scheduler_with_optimizer=args.step_scheduler_with_optimizer,
+        sync_batchnorm=bool(args.sync_batchnorm),
+        autocast=handlers.autocast or AutocastKwargs(),
+    )
+
+
+def _disagree(name: str, ctor: Any, env_name: str, env_value: Any, depth: int = 6) -> None:
+    # depth: frames from here up to the user's Accelerator(...) call
+    warnings.warn(f"Accelerator({name}={ctor!r}) overrides {env_name}={env_value!r} set by "
+                  f"`accel launch`; using {ctor!r}", stacklevel=depth)
+
+
+def _resolve_precision(ctor: str | PrecisionType | None, settings: env.EnvSettings
+                       ) -> PrecisionType:
+    from_env = parse_mixed_precision(settings.mixed_precision) if settings.mixed_precision \
+        else None
+    if ctor is None:
+        return from_env or PrecisionType.NO
+    chosen = parse_mixed_precision(ctor)
+    if from_env is not None and from_env is not chosen:
+        _disagree("mixed_precision", chosen.value, "ACCEL_MIXED_PRECISION", from_env.value)
+    return chosen
+
+
+def _resolve_accumulation(steps: int | None, plugin: GradientAccumulationPlugin | None,
+                          settings: env.EnvSettings) -> GradientAccumulationPlugin:
+    """The accumulation plugin to use; the user's plugin object is never modified."""
+    if steps is not None and plugin is not None:
+        raise ValueError("pass either gradient_accumulation_steps or "
+                         "gradient_accumulation_plugin, not both")
+    if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}")
+        plugin = GradientAccumulationPlugin(num_steps=steps)
+    env_steps = settings.gradient_accumulation_steps
+    if plugin is None:
+        return GradientAccumulationPlugin(num_steps=env_steps or 1)
+    if plugin.num_steps is None:
+        return dataclasses.replace(plugin, num_steps=env_steps or 1)
+    if env_steps is not None and env_steps != plugin.num_steps:
+        _disagree("gradient_accumulation_steps", plugin.num_steps,
+                  "ACCEL_GRADIENT_ACCUMULATION_STEPS", env_steps)
+    return plugin
+
+
+def _resolve_project(project_dir: str | os.PathLike[str] | None,
+                     config: ProjectConfiguration | None) -> ProjectConfiguration:
+    """The project configuration to use; the user's object is never modified."""
+    directory = None if project_dir is None else os.fspath(project_dir)
+    if config is None:
+        return ProjectConfiguration(project_dir=directory)
+    if directory is None:
+        return config
+    if config.project_dir not in (None, directory):
+        raise ValueError(f"project_dir={directory!r} disagrees with project_config."
+                         f"project_dir={config.project_dir!r}; pass one of them")
+    return dataclasses.replace(config, project_dir=directory,
+                               logging_dir=config.logging_dir or directory)
+
+
+def _resolve_timeout(ctor: float | timedelta | None, handler: InitProcessGroupKwargs | None,
+                     settings: env.EnvSettings) -> timedelta | None:
+    from_ctor = to_timedelta(ctor, "timeout")
+    from_handler = to_timedelta(handler.timeout, "InitProcessGroupKwargs.timeout") \
+        if handler is not None else None
+    if from_ctor is not None and from_handler is not None and from_ctor != from_handler:
+        raise ValueError(f"timeout={ctor!r} and InitProcessGroupKwargs(timeout="
+                         f"{from_handler.total_seconds()!r}) disagree; pass one of them")
+    chosen = from_ctor or from_handler
+    from_env = to_timedelta(settings.timeout, "ACCEL_TIMEOUT")
+    if chosen is not None and from_env is not None and chosen != from_env:
+        _disagree("timeout", chosen.total_seconds(), "ACCEL_TIMEOUT", from_env.total_seconds(),
+                  depth=5)
+    return chosen or from_env

@@ -1,0 +1,88 @@
+"""What changes during a run, owned in one place: accumulation, the active loader, the objects
+``prepare()`` and ``register_for_checkpointing()`` registered, and small per-run counters.
+
+One ``RunState`` belongs to one ``Accelerator``. It is passed explicitly to the collaborators
+that read or change it (preparation, the training step, the optimizer and scheduler wrappers,
+checkpointing) instead of each holding aliases of the same lists.
+
+Example:
+    >>> run = RunState(AccumulationState(num_steps=2))
+    >>> run.accumulation.num_steps, run.models, run.optimizer_steps
+    (2, [], 0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import nn
+
+from .accumulation import AccumulationState
+from .data import DataTracker, PreparedDataLoader
+
+__all__ = ["RunState", "SteppedOptimizer"]
+
+
+class SteppedOptimizer(Protocol):
+    """What the run state needs of a prepared optimizer (``AcceleratedOptimizer``)."""
+
+    steps_taken: int
+    step_was_skipped: bool
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class RunState:
+    """The mutable state of one run (one ``Accelerator``)."""
+
+    accumulation: AccumulationState
+    #: which prepared loader is being iterated (``end_of_dataloader``, ``gather_for_metrics``)
+    data: DataTracker = field(default_factory=DataTracker)
+    models: list[nn.Module] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: list[PreparedDataLoader] = field(default_factory=list)
+    #: objects given to ``register_for_checkpointing``, in order
+    custom: list[Any] = field(default_factory=list)
+    #: ids of objects ``prepare()`` returned (preparing them again returns them unchanged)
+    prepared_ids: set[int] = field(default_factory=set)
+    #: the data-order seed every rank agreed on (set at the first prepared loader)
+    data_seed: int | None = None
+    #: the checkpoint loaded last (never rotated away)
+    loaded_dir: Path | None = None
+    #: ``main_process_first`` blocks entered so far (each needs its own store key)
+    sections: int = 0
+    #: ``set_trigger`` was called on this rank since the last ``check_trigger``
+    trigger: bool = False
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken so far (the most of any prepared optimizer)."""
+        return max((opt.steps_taken for opt in self.optimizers), default=0)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self.optimizers)
+
+    def next_section(self) -> str:
+        """A store key for the next ``main_process_first`` block (the same on every rank)."""
+        self.sections += 1
+        return f"s{self.sections}"
+
+    def restored(self, path: Path, accumulation_step: int, optimizer_steps: int) -> None:
+        """Record what ``load_state`` restored that the objects themselves do not hold."""
+        self.accumulation.step = accumulation_step
+        for opt in self.optimizers:
+            opt.steps_taken = optimizer_steps
+        self.loaded_dir = path
+
+    def clear(self) -> None:
+        """Forget every prepared object (``free_memory``); registered objects stay."""
+        for registry in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+            registry.clear()
+        self.prepared_ids.clear()
