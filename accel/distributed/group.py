@@ -98,8 +98,7 @@ def start_process_group(
     ``close``); a different requested timeout or backend is reported.
     """
     timeout = timeout or DEFAULT_TIMEOUT
-    if ctx.device.type != "cpu":
-        device.bind(ctx.device)  # before the group, so nccl picks the right GPU
+    device.bind(ctx.device)  # before the group, so nccl picks the right GPU (no-op on CPU)
     if not ctx.is_distributed:
         return ProcessGroupHandle(False, None, timeout)
     if dist.is_initialized():

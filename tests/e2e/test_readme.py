@@ -61,9 +61,12 @@ def train_py() -> str:
 
 
 # ---------------------------------------------------------------------------- command registry
-SETUP = "pip install torch==2.13.0 && pip install -e '.[examples]'"
+INSTALL = "pip install torch==2.13.0 && pip install -e '.[{extra}]'"
+#: the first set-up command: install, then run the example (test_examples runs it for real)
+SETUP = INSTALL.format(extra="examples") + " && " + test_examples.DIGITS
 EXTRA = "pip install -e '.[transformers]'"
-TEST_COMMAND = "python -m pytest -q tests"  # what .ci/run extracts and runs: this very suite
+#: the second set-up command, which .ci/run extracts and runs: install, then this very suite
+TEST_COMMAND = INSTALL.format(extra="test") + " && python -m pytest -q tests"
 QUICK_START = ("python train.py", "accel launch --cpu -n 2 train.py",
                "torchrun --nproc_per_node 2 train.py")
 DIFF = "diff examples/digits_plain.py examples/digits.py"
@@ -82,9 +85,11 @@ NOT_HERE = {
        for cmd in MULTI_NODE},
     MPIRUN: "needs MPI: run for real when mpirun is installed, else checked to wrap a command "
             "run here (test_mpirun_command); MPI detection is unit-tested with simulated envs",
-    SETUP: "installs packages: test_setup_commands checks the pin and the extra instead",
+    SETUP: "installs packages: test_setup_commands checks the pin and the extra, and "
+           "test_examples runs the example it ends with",
     EXTRA: "installs packages: test_setup_commands checks the extra exists",
-    TEST_COMMAND: "is the command that runs this test suite (CI runs it from the marker block)",
+    TEST_COMMAND: "installs the test extra and runs this test suite (CI runs it from the "
+                  "marker block); test_setup_commands checks the pin and the extra",
 }
 
 
@@ -109,11 +114,18 @@ def test_test_command_block_is_what_ci_runs() -> None:
 
 
 def test_setup_commands() -> None:
-    pin = re.search(r"torch==([\d.]+)", SETUP)
-    assert pin and torch.__version__.split("+")[0] == pin.group(1)
+    for command in (SETUP, TEST_COMMAND):
+        pin = re.search(r"torch==([\d.]+)", command)
+        assert pin and torch.__version__.split("+")[0] == pin.group(1)
+    assert test_examples.DIGITS in test_examples.COMMANDS  # the example part runs for real
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert "scikit-learn" in extras["examples"] and "transformers" in extras["transformers"]
+    # the test command installs only `.[test]`: it must bring what every test needs
+    needed = {"pytest", "pyyaml", "scikit-learn", "tensorboard", "nbclient", "ipykernel", "ruff",
+              "mypy"}
+    have = {re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0].lower() for req in extras["test"]}
+    assert needed <= have, f"the test extra lacks {sorted(needed - have)}"
     listed = re.search(r"^Optional extras: (.*?)\n\n", readme(), re.MULTILINE | re.DOTALL)
     assert listed, "README's 'Optional extras:' paragraph is gone"
     named = re.findall(r"'\.\[(\w+)\]'", readme()) + re.findall(r"`(\w+)`", listed.group(1))

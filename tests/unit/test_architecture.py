@@ -1,13 +1,36 @@
 """The layering of DESIGN.md §2, checked on the source with ``ast``.
 
-- a module imports only from its own layer or below (lazy and TYPE_CHECKING imports count too:
-  a dependency is a dependency);
-- ``accel/launch/`` imports only config/env/_optional/logging (and itself) at module level, and
-  never torch at module level, so ``accel --help`` stays fast;
-- only ``accel/env.py`` and ``accel/launch/`` touch the process environment;
+Layer map (a module imports only from its own layer or below; no import cycles)::
+
+    L0    _optional  config  _tree  _parse  _version          stdlib + torch only
+    L1    env/  device/  logging                               launcher detection, ACCEL_* settings
+    L2    distributed/                                         process group, collectives
+    L3    precision/  strategy/  data/  rng  accumulation  progress  tracking  memory
+    L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,protocol}
+    L5    accelerator  utils  state
+    L6    horovod/  ps/  big_modeling/                         other front doors onto L2-L4
+    side  launch/                                              env and config only; torch lazily
+    api   accel/__init__.py                                    the lazy public facade
+
+Rules checked here:
+
+- every module has a layer, and every pattern of the table matches a module (no stale rows);
+- no module imports a higher layer, counting lazy (in-function) and ``TYPE_CHECKING`` imports:
+  a dependency is a dependency;
+- no module imports the package root ``accel`` (the version lives in ``accel._version``);
+- no import cycle among accel's modules (all imports count);
+- a few seams stricter than layers: checkpoint storage knows no collectives and no protocol;
+  the checkpoint protocol knows no preparation/precision/strategy/wrappers; env never imports
+  torch;
+- ``accel/launch/`` imports only L0/L1 modules and itself (at any level), and never torch at
+  module level, so ``accel --help`` stays fast;
+- only ``accel/env`` touches the process environment;
+- no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
+  outside ``device/`` and ``strategy/``;
 - ``import accel`` does not import torch, and every public name resolves.
 
-A new module must be added to ``LAYER_TABLE`` below; the test fails until it is.
+The checkers are plain functions over {module name: (path, source)} so that the failure modes
+are tested too, on small synthetic packages (see the ``test_checker_*`` tests).
 """
 
 from __future__ import annotations
@@ -18,7 +41,7 @@ import importlib
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,40 +58,54 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/_optional.py", "L0"),
     ("accel/config.py", "L0"),
     ("accel/_tree.py", "L0"),
+    ("accel/_parse.py", "L0"),
+    ("accel/_version.py", "L0"),
     # DESIGN.md §2 lists logging in L0, but it reads the rank through accel.env (stdlib only)
     # to print on the main process before any Accelerator exists: it sits in L1.
     ("accel/logging.py", "L1"),
     ("accel/env.py", "L1"),
+    ("accel/env/*", "L1"),
     ("accel/device/*", "L1"),
     ("accel/distributed/*", "L2"),
-    ("accel/_stall*.py", "L2"),  # stall reports around collectives, through the c10d store
     ("accel/precision/*", "L3"),
-    ("accel/connector.py", "L4"),
-    ("accel/runstate.py", "L4"),
     ("accel/strategy/*", "L3"),
-    ("accel/data.py", "L3"),
     ("accel/data/*", "L3"),
-    ("accel/accumulation.py", "L3"),  # gradient-accumulation state, used by wrappers
-    ("accel/settings.py", "L3"),  # constructor > ACCEL_* > default resolution for Accelerator
+    ("accel/rng.py", "L3"),
+    ("accel/accumulation.py", "L3"),  # gradient-accumulation state, read by the run state
     ("accel/progress.py", "L3"),
     ("accel/tracking.py", "L3"),
-    ("accel/tracking/*", "L3"),
     ("accel/memory.py", "L3"),
+    ("accel/connector.py", "L4"),
+    ("accel/runstate.py", "L4"),
     ("accel/wrappers.py", "L4"),
     ("accel/training.py", "L4"),
-    ("accel/preparation.py", "L4"),  # what prepare() does per object kind; the registries  # backward / accumulation / clipping for the facade
+    ("accel/preparation.py", "L4"),
     ("accel/checkpoint/*", "L4"),
-    ("accel/utils.py", "utils"),  # public re-export layer: anything below L5
-    ("accel/utils/*", "utils"),
+    ("accel/utils.py", "L5"),  # Accelerate's accelerate.utils names, over L0-L4
     ("accel/accelerator.py", "L5"),
 ]
-ORDER: dict[str, float] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "utils": 4.5, "L5": 5,
-                           "api": 6}
-#: What accel/launch may import at module level (DESIGN.md §2: "imports config/env only").
-LAUNCH_MAY_IMPORT = {"accel", "accel.config", "accel.env", "accel._optional", "accel.logging"}
+ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6,
+                         "api": 7}
+#: Layers accel/launch may import from (at any level; module level adds "never torch").
+LAUNCH_MAY_USE = {"L0", "L1", "side"}
+#: Seams stricter than the layers: (importer pattern, forbidden target prefixes, why).
+FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
+    ("accel/checkpoint/storage/*",
+     ("accel.distributed", "torch.distributed", "accel.checkpoint.protocol"),
+     "checkpoint storage writes and reads directories; it knows no collectives and no protocol"),
+    ("accel/checkpoint/protocol/*",
+     ("accel.preparation", "accel.precision", "accel.strategy", "accel.wrappers",
+      "accel.accumulation", "accel.training", "accel.connector", "accel.accelerator"),
+     "the checkpoint protocol depends only on a run-state snapshot and the communicator"),
+    ("accel/env*", ("torch",), "env must stay importable without torch (accel --help)"),
+]
 #: The only modules that may read or write the process environment.
-ENV_READERS = ("accel/env.py", "accel/launch/*")
+ENV_READERS = ("accel/env.py", "accel/env/*")
 ENV_NAMES = {"environ", "environb", "getenv", "putenv", "unsetenv"}
+#: Where backend-specific branches belong.
+BACKEND_HOMES = ("accel/device/*", "accel/strategy/*")
+
+Sources = Mapping[str, tuple[str, str]]  # module name -> (path relative to root, source)
 
 
 @dataclass(frozen=True)
@@ -79,26 +116,30 @@ class Import:
     type_checking: bool  # inside `if TYPE_CHECKING:`
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
+# ------------------------------------------------------------------ reading the package
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(rel: str) -> str:
+    parts = list(Path(rel).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _sources() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
-            if "__pycache__" not in p.parts}
+def read_package(root: Path, package: str = "accel") -> dict[str, tuple[str, str]]:
+    """{module name: (path relative to ``root``, source)} for every module of ``package``."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(root).as_posix()
+        out[_module_name(rel)] = (rel, path.read_text())
+    return out
 
 
-MODULES = _sources()
+MODULES = read_package(ROOT)
 
 
-def _layer(path: Path) -> str | None:
-    rel = _rel(path)
-    return next((layer for pattern, layer in LAYER_TABLE if fnmatch.fnmatch(rel, pattern)), None)
+def layer_of(rel: str, table: list[tuple[str, str]] = LAYER_TABLE) -> str | None:
+    return next((layer for pattern, layer in table if fnmatch.fnmatch(rel, pattern)), None)
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -107,34 +148,29 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _resolve_from(name: str, path: Path, node: ast.ImportFrom) -> list[str]:
+def _resolve_from(name: str, rel: str, node: ast.ImportFrom, modules: Sources) -> list[str]:
     if node.level:
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        package = name if rel.endswith("__init__.py") else name.rpartition(".")[0]
         parts = package.split(".")
         base = ".".join(parts[: len(parts) - (node.level - 1)])
         full = f"{base}.{node.module}" if node.module else base
     else:
         full = node.module or ""
-    targets = []
-    for alias in node.names:
-        submodule = f"{full}.{alias.name}"
-        if submodule in MODULES:
-            targets.append(submodule)
-        elif not (full == "accel" and alias.name == "__version__"):  # harmless, no cycle
-            targets.append(full)
-    return targets
+    return [f"{full}.{alias.name}" if f"{full}.{alias.name}" in modules else full
+            for alias in node.names]
 
 
-def _imports(path: Path) -> Iterator[Import]:
-    name = _module_name(path)
-    tree = ast.parse(path.read_text(), filename=str(path))
+def imports_of(name: str, modules: Sources) -> Iterator[Import]:
+    """Every import in module ``name``: module level, in functions, under TYPE_CHECKING."""
+    rel, source = modules[name]
+    tree = ast.parse(source, filename=rel)
 
     def visit(node: ast.AST, in_function: bool, type_checking: bool) -> Iterator[Import]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield Import(alias.name, node.lineno, not in_function, type_checking)
         elif isinstance(node, ast.ImportFrom):
-            for target in _resolve_from(name, path, node):
+            for target in _resolve_from(name, rel, node, modules):
                 yield Import(target, node.lineno, not in_function, type_checking)
         for child in ast.iter_child_nodes(node):
             yield from visit(
@@ -148,11 +184,6 @@ def _imports(path: Path) -> Iterator[Import]:
     yield from visit(tree, False, False)
 
 
-def _owner(target: str) -> str | None:
-    """The accel source module ``target`` names; None for a module that does not exist (yet)."""
-    return target if target in MODULES else None
-
-
 def _is_accel(target: str) -> bool:
     return target == "accel" or target.startswith("accel.")
 
@@ -161,62 +192,126 @@ def _is_torch(target: str) -> bool:
     return target == "torch" or target.startswith("torch.")
 
 
-# ------------------------------------------------------------------ tests
+def _owner(target: str, modules: Sources) -> str | None:
+    """The accel module that ``target`` names (its closest existing parent), or None."""
+    while target:
+        if target in modules:
+            return target
+        target = target.rpartition(".")[0]
+    return None
 
 
-def test_every_module_has_a_layer() -> None:
-    missing = [_rel(p) for p in MODULES.values() if _layer(p) is None]
-    assert not missing, (
-        f"these modules have no layer: {missing}. Add each to LAYER_TABLE in "
-        "tests/unit/test_architecture.py with its layer from shared/DESIGN.md §2 (L0 _optional/"
-        "config, L1 env/device, L2 distributed, L3 precision/strategy/data, L4 wrappers/"
-        "checkpoint, L5 accelerator, side = launch) and a comment saying why"
-    )
+# ------------------------------------------------------------------ checkers
 
 
-def test_no_module_imports_a_higher_layer() -> None:
+def unlayered(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE) -> list[str]:
+    return [rel for rel, _ in modules.values() if layer_of(rel, table) is None]
+
+
+def stale_patterns(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE) -> list[str]:
+    """Table rows that match no module, or only modules an earlier row already claimed."""
+    rels = [rel for rel, _ in modules.values()]
+    return [pattern for i, (pattern, _) in enumerate(table)
+            if not any(fnmatch.fnmatch(rel, pattern) and layer_of(rel, table[:i]) is None
+                       for rel in rels)]
+
+
+def upward_imports(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE) -> list[str]:
     problems = []
-    for name, path in MODULES.items():
-        layer = _layer(path)
-        if layer is None or layer == "side":
+    for name, (rel, _) in modules.items():
+        layer = layer_of(rel, table)
+        if layer is None:
             continue
-        for imp in _imports(path):
-            owner = _owner(imp.target) if _is_accel(imp.target) else None
-            if owner is None or owner == name:
+        for imp in imports_of(name, modules):
+            if not _is_accel(imp.target):
                 continue
-            target_layer = _layer(MODULES[owner])
+            if imp.target == "accel" and layer != "api":
+                problems.append(f"{rel}:{imp.line} imports the package root `accel` (use "
+                                "accel._version for the version, or the defining module)")
+                continue
+            owner = _owner(imp.target, modules)
+            if owner is None or owner == name or layer == "side":
+                continue  # launch/ has its own rule below
+            target_layer = layer_of(modules[owner][0], table)
             if target_layer == "side" and layer != "api":
-                problems.append(f"{_rel(path)}:{imp.line} ({layer}) imports the launcher "
-                                f"module {owner}")
-            elif target_layer in ORDER and ORDER[target_layer] > ORDER[layer]:
-                problems.append(f"{_rel(path)}:{imp.line} ({layer}) imports {owner} "
-                                f"({target_layer})")
-    assert not problems, (
-        "a lower layer imports a higher one (DESIGN.md §2); move the shared code down a layer "
-        "or pass the object in:\n" + "\n".join(problems))
+                problems.append(f"{rel}:{imp.line} ({layer}) imports the launcher module {owner}")
+            elif target_layer in ORDER and layer in ORDER and \
+                    ORDER[target_layer] > ORDER[layer]:
+                problems.append(f"{rel}:{imp.line} ({layer}) imports {owner} ({target_layer})")
+    return problems
 
 
-def test_launch_imports_only_config_env_and_never_torch_at_module_level() -> None:
+def import_cycles(modules: Sources) -> list[list[str]]:
+    """Strongly connected components (size > 1, or a self-loop) of the accel import graph."""
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name in modules:
+        for imp in imports_of(name, modules):
+            owner = _owner(imp.target, modules) if _is_accel(imp.target) else None
+            if owner is not None and owner != name and owner != "accel":
+                graph[name].add(owner)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def forbidden_imports(modules: Sources) -> list[str]:
     problems = []
-    for path in MODULES.values():
-        if _layer(path) != "side":
-            continue
-        for imp in _imports(path):
-            if not imp.module_level or imp.type_checking:
+    for name, (rel, _) in modules.items():
+        for pattern, targets, why in FORBIDDEN:
+            if not fnmatch.fnmatch(rel, pattern):
                 continue
-            if _is_torch(imp.target):
-                problems.append(f"{_rel(path)}:{imp.line} imports {imp.target} at module level")
-            owner = _owner(imp.target) if _is_accel(imp.target) else None
-            if owner is not None and owner not in LAUNCH_MAY_IMPORT and \
-                    not owner.startswith("accel.launch"):
-                problems.append(f"{_rel(path)}:{imp.line} imports {owner} at module level")
-    assert not problems, (
-        "accel/launch must import only accel.config/env/_optional/logging at module level and "
-        "never torch (so `accel --help` does not import torch); import the rest inside the "
-        "function that needs it:\n" + "\n".join(problems))
+            for imp in imports_of(name, modules):
+                if any(imp.target == t or imp.target.startswith(t + ".") for t in targets):
+                    problems.append(f"{rel}:{imp.line} imports {imp.target}: {why}")
+    return problems
 
 
-def _environment_uses(source: str, label: str) -> Iterator[str]:
+def launch_problems(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE) -> list[str]:
+    problems = []
+    for name, (rel, _) in modules.items():
+        if layer_of(rel, table) != "side":
+            continue
+        for imp in imports_of(name, modules):
+            if imp.module_level and not imp.type_checking and _is_torch(imp.target):
+                problems.append(f"{rel}:{imp.line} imports {imp.target} at module level")
+            owner = _owner(imp.target, modules) if _is_accel(imp.target) else None
+            if owner is None:
+                continue
+            target_layer = layer_of(modules[owner][0], table)
+            if target_layer not in LAUNCH_MAY_USE:
+                problems.append(f"{rel}:{imp.line} imports {owner} ({target_layer})")
+    return problems
+
+
+def environment_uses(source: str, label: str) -> Iterator[str]:
     tree = ast.parse(source, filename=label)
     os_names = {"os"}
     for node in ast.walk(tree):
@@ -232,17 +327,138 @@ def _environment_uses(source: str, label: str) -> Iterator[str]:
                 ", ".join(a.name for a in node.names if a.name in ENV_NAMES)
 
 
-def test_only_env_and_launch_touch_the_environment() -> None:
-    problems = [use for path in MODULES.values()
-                if not any(fnmatch.fnmatch(_rel(path), p) for p in ENV_READERS)
-                for use in _environment_uses(path.read_text(), _rel(path))]
+def environment_problems(modules: Sources) -> list[str]:
+    return [use for rel, source in modules.values()
+            if not any(fnmatch.fnmatch(rel, p) for p in ENV_READERS)
+            for use in environment_uses(source, rel)]
+
+
+def backend_branches(source: str, label: str) -> Iterator[str]:
+    """``isinstance(x, ...DistributedDataParallel)`` and ``x.type ==/!=/in "literal"``."""
+    for node in ast.walk(ast.parse(source, filename=label)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "isinstance" and len(node.args) == 2 and \
+                "DistributedDataParallel" in ast.unparse(node.args[1]):
+            yield f"{label}:{node.lineno} isinstance(..., DistributedDataParallel)"
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and \
+                node.left.attr == "type" and any(
+                    isinstance(c, ast.Constant) and isinstance(c.value, str)
+                    or isinstance(c, (ast.Tuple, ast.Set, ast.List))
+                    for c in node.comparators):
+            yield f"{label}:{node.lineno} branches on {ast.unparse(node)}"
+
+
+def backend_problems(modules: Sources) -> list[str]:
+    return [hit for rel, source in modules.values()
+            if not any(fnmatch.fnmatch(rel, p) for p in BACKEND_HOMES)
+            for hit in backend_branches(source, rel)]
+
+
+# ------------------------------------------------------------------ the package obeys
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = unlayered(MODULES)
+    assert not missing, (
+        f"these modules have no layer: {missing}. Add each to LAYER_TABLE in "
+        "tests/unit/test_architecture.py with its layer from the map in this file's docstring "
+        "(shared/DESIGN.md §2) and a comment saying why")
+
+
+def test_no_stale_layer_patterns() -> None:
+    stale = stale_patterns(MODULES)
+    assert not stale, f"LAYER_TABLE rows that match no module (remove them): {stale}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    problems = upward_imports(MODULES)
     assert not problems, (
-        "only accel/env.py reads the environment (and accel/launch writes it for children); add "
-        "a small typed function to accel/env.py and call it instead:\n" + "\n".join(problems))
+        "a lower layer imports a higher one (DESIGN.md §2); move the shared code down a layer "
+        "or pass the object in:\n" + "\n".join(problems))
 
 
-def test_environment_check_catches_every_spelling() -> None:
-    """The checker itself: each way of reading the environment is found, os.path is not."""
+def test_no_import_cycles() -> None:
+    cycles = import_cycles(MODULES)
+    assert not cycles, (
+        "these modules import each other (directly or through others); move the shared code "
+        "into a module both can import:\n" + "\n".join(" <-> ".join(c) for c in cycles))
+
+
+def test_seams_stricter_than_layers() -> None:
+    problems = forbidden_imports(MODULES)
+    assert not problems, "\n".join(problems)
+
+
+def test_launch_imports_only_env_and_config_and_never_torch_at_module_level() -> None:
+    problems = launch_problems(MODULES)
+    assert not problems, (
+        "accel/launch may import only L0/L1 modules (config, env, _parse, _optional, logging, "
+        "device) and itself, and never torch at module level (so `accel --help` does not "
+        "import torch); import torch inside the function that needs it:\n"
+        + "\n".join(problems))
+
+
+def test_only_env_touches_the_environment() -> None:
+    problems = environment_problems(MODULES)
+    assert not problems, (
+        "only accel/env reads or writes the environment; add a small typed function to "
+        "accel/env and call it instead:\n" + "\n".join(problems))
+
+
+def test_no_backend_branches_outside_device_and_strategy() -> None:
+    problems = backend_problems(MODULES)
+    assert not problems, (
+        "backend differences belong to accel/device (the Device interface) or accel/strategy "
+        "(the Strategy interface); add a method there instead of branching:\n"
+        + "\n".join(problems))
+
+
+# ------------------------------------------------------------------ the checkers catch
+
+
+def _synthetic(files: dict[str, str]) -> dict[str, tuple[str, str]]:
+    return {_module_name(rel): (rel, textwrap.dedent(src)) for rel, src in files.items()}
+
+
+_TABLE = [("accel/__init__.py", "api"), ("accel/low.py", "L0"), ("accel/mid/*", "L2"),
+          ("accel/high.py", "L5"), ("accel/launch/*", "side"), ("accel/gone/*", "L3")]
+
+
+def test_checker_catches_an_upward_import_also_lazy_and_type_checking() -> None:
+    modules = _synthetic({
+        "accel/__init__.py": "",
+        "accel/low.py": """
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                from .high import Thing
+            def f():
+                from accel.mid import helper
+        """,
+        "accel/mid/__init__.py": "from .. import __version__\n",
+        "accel/high.py": "from .low import x\nfrom .mid import y\n",
+    })
+    problems = upward_imports(modules, _TABLE)
+    assert any("accel/low.py:4 (L0) imports accel.high (L5)" in p for p in problems), problems
+    assert any("accel/low.py:6 (L0) imports accel.mid (L2)" in p for p in problems), problems
+    assert any("accel/mid/__init__.py:1 imports the package root" in p for p in problems)
+    assert not any(p.startswith("accel/high.py") for p in problems), problems
+
+
+def test_checker_catches_a_cycle_through_lazy_imports() -> None:
+    modules = _synthetic({
+        "accel/__init__.py": "",
+        "accel/low.py": "def f():\n    from .mid.a import g\n",
+        "accel/mid/__init__.py": "",
+        "accel/mid/a.py": "from . import b\n",
+        "accel/mid/b.py": "from ..low import f\n",
+        "accel/high.py": "from .low import f\n",
+    })
+    assert import_cycles(modules) == [["accel.low", "accel.mid.a", "accel.mid.b"]]
+    modules["accel.mid.b"] = ("accel/mid/b.py", "import json\n")
+    assert import_cycles(modules) == []
+
+
+def test_checker_catches_a_stray_environment_read_and_every_spelling() -> None:
     source = textwrap.dedent("""
         import os
         import os as _os
@@ -250,14 +466,48 @@ def test_environment_check_catches_every_spelling() -> None:
         a = os.environ["X"]; b = _os.getenv("Y"); os.putenv("Z", "1"); c = os.environ.get("W")
         d = os.path.join("a", "b"); e = os.getpid()
     """)
-    found = list(_environment_uses(source, "probe.py"))
+    found = list(environment_uses(source, "probe.py"))
     assert len(found) == 5, found  # one `from os import` line, four attribute uses
     assert "probe.py:4 imports from os: environ, getenv" in found
+    modules = _synthetic({"accel/high.py": "import os\nX = os.environ.get('A')\n",
+                          "accel/env/__init__.py": "import os\nY = os.environ\n"})
+    assert environment_problems(modules) == ["accel/high.py:2 uses os.environ"]
+
+
+def test_checker_catches_stale_rows_unlayered_modules_and_launch_imports() -> None:
+    modules = _synthetic({
+        "accel/__init__.py": "", "accel/low.py": "", "accel/mid/__init__.py": "",
+        "accel/high.py": "", "accel/extra.py": "",
+        "accel/launch/cli.py": "import torch\nfrom ..low import x\ndef f():\n"
+                               "    from ..high import y\n    import torch.nn\n",
+    })
+    assert stale_patterns(modules, _TABLE) == ["accel/gone/*"]
+    assert unlayered(modules, _TABLE) == ["accel/extra.py"]
+    assert launch_problems(modules, _TABLE) == [
+        "accel/launch/cli.py:1 imports torch at module level",
+        "accel/launch/cli.py:4 imports accel.high (L5)"]
+
+
+def test_checker_catches_backend_branches() -> None:
+    source = textwrap.dedent("""
+        from torch import nn
+        if isinstance(m, nn.parallel.DistributedDataParallel): pass
+        if device.type == "xla": pass
+        if t.device.type in ("cuda", "xla"): pass
+        if t.dtype in (a, b): pass
+        if kind == "xla": pass
+    """)
+    found = list(backend_branches(source, "probe.py"))
+    assert [f.split(" ")[0] for f in found] == ["probe.py:3", "probe.py:4", "probe.py:5"], found
+
+
+# ------------------------------------------------------------------ import cost and names
 
 
 def test_import_accel_and_launch_modules_do_not_import_torch() -> None:
-    names = ["accel", *sorted((LAUNCH_MAY_IMPORT - {"accel"}) & set(MODULES)),
-             *sorted(n for n in MODULES if n.startswith("accel.launch"))]
+    names = ["accel", *sorted(n for n in MODULES if n.startswith(("accel.launch", "accel.env"))
+                              or layer_of(MODULES[n][0]) == "L0" and n != "accel._tree"
+                              or n == "accel.logging")]
     code = textwrap.dedent(f"""
         import importlib, sys
         for name in {names!r}:
@@ -276,19 +526,7 @@ def test_import_accel_and_launch_modules_do_not_import_torch() -> None:
         "import it inside the functions that need it")
 
 
-def _public_names() -> list[object]:
-    accel = importlib.import_module("accel")
-    params: list[object] = []
-    for name in accel.__all__:
-        if name == "Accelerator" and not (PACKAGE / "accelerator.py").exists():
-            params.append(pytest.param(name, marks=pytest.mark.xfail(
-                reason="Accelerator lands with issue 3", strict=False)))
-        else:
-            params.append(name)
-    return params
-
-
-@pytest.mark.parametrize("name", _public_names())
+@pytest.mark.parametrize("name", importlib.import_module("accel").__all__)
 def test_public_name_resolves(name: str) -> None:
     accel = importlib.import_module("accel")
     assert getattr(accel, name) is not None
