@@ -2,7 +2,7 @@
 
 Example:
     >>> import torch
-    >>> leaves, rebuild = flatten({"a": torch.ones(2), "b": (torch.zeros(1), 3)})
+    >>> leaves, rebuild = flatten({"a": torch.ones(2), "b": (torch.zeros(1), 3)}, strict=False)
     >>> len(leaves)
     2
     >>> rebuild([x * 2 for x in leaves])["a"].tolist()
