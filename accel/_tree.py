@@ -24,8 +24,10 @@ def is_namedtuple(data: Any) -> bool:
 
 
 def _rebuild_mapping(data: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    # Mapping itself declares no constructor arguments; most concrete types take a dict.
+    factory: Callable[[dict[Any, Any]], Any] = type(data)
     try:
-        return type(data)(items)
+        return factory(items)
     except TypeError:  # a Mapping type that cannot be built from a dict: hand back a dict
         return items
 
@@ -51,7 +53,9 @@ def apply(fn: Callable[[torch.Tensor], Any], data: Any, strict: bool = False) ->
     return data
 
 
-def flatten(data: Any, strict: bool = True) -> tuple[list[torch.Tensor], Callable[[list[Any]], Any]]:
+def flatten(
+    data: Any, strict: bool = True
+) -> tuple[list[torch.Tensor], Callable[[list[Any]], Any]]:
     """Collect tensor leaves in a fixed order and return a function that rebuilds the structure."""
     leaves: list[torch.Tensor] = []
 
@@ -84,5 +88,6 @@ def apply_indices(skeleton: Any, values: list[Any]) -> Any:
     if isinstance(skeleton, (list, tuple)):
         return type(skeleton)(apply_indices(item, values) for item in skeleton)
     if isinstance(skeleton, Mapping):
-        return _rebuild_mapping(skeleton, {k: apply_indices(v, values) for k, v in skeleton.items()})
+        items = {k: apply_indices(v, values) for k, v in skeleton.items()}
+        return _rebuild_mapping(skeleton, items)
     return skeleton

@@ -85,6 +85,7 @@ class KwargsHandler:
 
     def to_kwargs(self) -> dict[str, Any]:
         default = self.__class__()
+        # fields() wants a dataclass instance: every concrete handler below is a @dataclass.
         return {
             f.name: getattr(self, f.name)
             for f in fields(self)  # type: ignore[arg-type]

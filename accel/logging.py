@@ -165,6 +165,7 @@ def _turn_directory(info: LaunchInfo) -> Path:
     return path
 
 
+# LoggerAdapter is generic only in the stubs: subscripting it fails at run time before 3.11.
 class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
     """A ``logging.LoggerAdapter`` that knows which rank it runs on.
 
@@ -202,6 +203,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         self._launch_info = launch_info or _detect
         self._warned: set[str] = set()
 
+    # exc_info/stack_info/stacklevel/extra pass through **kwargs rather than being spelt out as
+    # in the stub's LoggerAdapter.log, which mypy counts as an incompatible override.
     def log(  # type: ignore[override]
         self,
         level: int,
@@ -228,11 +231,11 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
                     "message within %.0f s; logging out of order (do all ranks make the same "
                     "in_order calls?)", info.rank, info.local_rank - 1, self.in_order_timeout,
                 )
-        msg, kwargs = self.process(msg, kwargs)
+        msg, options = self.process(msg, kwargs)
         # Point the record's file/line at the caller, not at this adapter.
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+        options["stacklevel"] = options.get("stacklevel", 1) + 1
         try:
-            self.logger.log(level, msg, *args, **kwargs)
+            self.logger.log(level, msg, *args, **options)
         finally:
             if turn is not None:
                 turn.done()

@@ -135,7 +135,7 @@ def _retry(function: Callable[..., R], name: str, batch_size: int,
         tried.append(batch_size)
         try:
             return function(batch_size, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - re-raised below unless it is an OOM
+        except Exception as exc:  # re-raised below unless it is an OOM
             if not should_reduce_batch_size(exc):
                 raise
             last = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -43,8 +43,8 @@ from typing import Any, ClassVar
 
 from ._optional import is_available, require
 
-__all__ = ["CSVTracker", "check_log_with", "GeneralTracker", "JSONLTracker", "TensorBoardTracker", "TrackerSet",
-           "available_trackers", "init_trackers"]
+__all__ = ["CSVTracker", "check_log_with", "GeneralTracker", "JSONLTracker", "TensorBoardTracker",
+           "TrackerSet", "available_trackers", "init_trackers"]
 
 Scalar = bool | int | float | str
 
@@ -253,7 +253,7 @@ class TensorBoardTracker(GeneralTracker):
         return self.writer
 
 
-_BUILTIN: Mapping[str, type[GeneralTracker]] = MappingProxyType({
+_BUILTIN: Mapping[str, type[_FileTracker] | type[TensorBoardTracker]] = MappingProxyType({
     "jsonl": JSONLTracker, "csv": CSVTracker, "tensorboard": TensorBoardTracker,
 })
 _EXTRAS: Mapping[str, str] = MappingProxyType({"tensorboard": "tensorboard"})

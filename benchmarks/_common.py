@@ -83,7 +83,8 @@ def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]
     text = [title]
     for line in lines:
         first = line[0].ljust(widths[0])
-        text.append("  ".join([first] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])]))
+        rest = [c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=False)]
+        text.append("  ".join([first] + rest))
     return "\n".join(text)
 
 
@@ -158,7 +159,7 @@ def _child(fn: Callable[..., Any], rank: int, env: Mapping[str, str], args: tupl
     os.environ.update(env)
     try:
         results.put((rank, "ok", fn(rank, *args)))
-    except BaseException:  # report everything to the parent, which re-raises
+    except BaseException:  # noqa: BLE001 - report everything to the parent, which re-raises
         results.put((rank, "error", traceback.format_exc()))
 
 

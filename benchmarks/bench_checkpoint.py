@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,17 +106,17 @@ def _run(state: dict[str, Any], work: Path, repeats: int) -> tuple[dict[str, lis
         order = [0, 1] if i % 2 == 0 else [1, 0]
         for which in order:
             if which == 0:
-                times["torch.save"].append(_time(lambda: _torch_save(state, pt, False),
+                times["torch.save"].append(_time(partial(_torch_save, state, pt, False),
                                                  cpu["torch.save"]))
                 _remove(pt)
-                times["torch.save+fsync"].append(_time(lambda: _torch_save(state, pt, True),
+                times["torch.save+fsync"].append(_time(partial(_torch_save, state, pt, True),
                                                        cpu["torch.save+fsync"]))
-                times["torch.load"].append(_time(lambda: torch.load(pt, weights_only=True),
+                times["torch.load"].append(_time(partial(torch.load, pt, weights_only=True),
                                                  cpu["torch.load"]))
             else:
-                times["accel save"].append(_time(lambda: _accel_save(state, ours),
+                times["accel save"].append(_time(partial(_accel_save, state, ours),
                                                  cpu["accel save"]))
-                times["accel load"].append(_time(lambda: _accel_load(ours), cpu["accel load"]))
+                times["accel load"].append(_time(partial(_accel_load, ours), cpu["accel load"]))
         times["sha256"].append(_time(lambda: _sha256(state), cpu["sha256"]))
         _remove(pt)
         _remove(ours)

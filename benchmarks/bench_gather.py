@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
+import _common
 
 __all__ = ["main"]
 
@@ -87,7 +87,7 @@ def _run_case(case: Case, accelerators: dict[str, Any], world: int, repeats: int
         calls[name] = (lambda a: lambda: a.gather_for_metrics(tensor))(acc)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
-    for index, _batches in enumerate(zip(*loaders.values())):
+    for index, _batches in enumerate(zip(*loaders.values(), strict=False)):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
             _time(calls[name], wall[name], cpu[name])

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
+import _common
 
 __all__ = ["main"]
 
@@ -139,6 +139,7 @@ def _accel_variant(accelerator: Any, cfg: Config, batch: tuple[Any, Any]) -> Cal
 
 def _steps(cfg: Config, world: int) -> dict[str, dict[str, list[float]]]:
     import torch
+
     from accel import Accelerator
 
     out: dict[str, dict[str, list[float]]] = {}
@@ -165,6 +166,7 @@ def _gather(cfg: Config, world: int) -> dict[str, list[float]]:
 
     import torch
     import torch.distributed as dist
+
     from accel import Accelerator
 
     accelerator = Accelerator(mixed_precision="bf16", cpu=cfg.device == "cpu")

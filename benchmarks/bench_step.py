@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
+import _common
 
 __all__ = ["main"]
 
@@ -165,7 +165,8 @@ def _worker(rank: int, cases: tuple[Case, ...], repeats: int, warmup: int,
         if other is not None:
             variants["accelerate"] = _framework_variant(other, case, world)
         for clock, times in zip(("wall", "cpu"),
-                                _common.interleave(variants, repeats=repeats, warmup=warmup)):
+                                _common.interleave(variants, repeats=repeats, warmup=warmup),
+                                strict=True):
             out[clock][case.name] = {name: [t / case.steps for t in values]
                                      for name, values in times.items()}
     return out

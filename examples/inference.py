@@ -50,7 +50,7 @@ def main() -> None:
             batch = torch.stack([r["image"] for r in chunk]).to(accelerator.device)
             with torch.no_grad():
                 preds = model(batch).argmax(dim=1).tolist()
-            answers += [{"id": r["id"], "pred": p} for r, p in zip(chunk, preds)]
+            answers += [{"id": r["id"], "pred": p} for r, p in zip(chunk, preds, strict=True)]
 
     answers = gather_object(answers)  # every process's list, concatenated in rank order
     assert [a["id"] for a in answers] == list(range(len(test_set)))

@@ -56,6 +56,7 @@ class SeedableSampler(Sampler[int]):
         return iter(inner)
 
     def __len__(self) -> int:
+        # Sampler declares no __len__: len() raises TypeError for an unsized one, as wanted.
         return len(self.sampler)  # type: ignore[arg-type]
 
 
@@ -110,11 +111,11 @@ class ShardBatchSampler(Sampler[Any]):
     # -- lengths -------------------------------------------------------------------------------
     def num_rounds(self) -> int:
         """Rounds per epoch (the same on every rank); ``TypeError`` when the length is unknown."""
-        n = len(self.batches)  # type: ignore[arg-type]
+        n = len(self.batches)  # type: ignore[arg-type]  # TypeError when unsized, as documented
         return n if self.split_size is not None else -(-n // self.world)
 
     def __len__(self) -> int:
-        n = len(self.batches)  # type: ignore[arg-type]
+        n = len(self.batches)  # type: ignore[arg-type]  # TypeError when unsized, as for torch
         if self.even or self.world == 1:
             return self.num_rounds()
         if self.split_size is None:
@@ -149,4 +150,5 @@ class SkipBatchSampler(Sampler[Any]):
                 yield item
 
     def __len__(self) -> int:
+        # TypeError for an unsized sampler, as DataLoader's own len() gives.
         return max(0, len(self.sampler) - self.skip)  # type: ignore[arg-type]

@@ -254,6 +254,7 @@ class IterableSource(_Source):
 
     def _counts(self) -> tuple[int, int]:
         """(rounds per epoch, batches of this rank) from the dataset's length."""
+        # Dataset declares no __len__; a map-style dataset without one is unusable here anyway.
         n = len(self.dataset)  # type: ignore[arg-type]
         world, rank, size = self.world, self.rank, self.chunk or 1
         if self.split:
@@ -299,7 +300,7 @@ class PassthroughSource(_Source):
         length = min(size, sampler.num_samples - start)
         # DistributedSampler pads at the end: position p of this rank is global position
         # rank + p * replicas, real while that is below the dataset length.
-        total = len(sampler.dataset)  # type: ignore[arg-type]
+        total = len(sampler.dataset)  # type: ignore[arg-type]  # DistributedSampler needs len
         real_total = (sampler.num_samples if sampler.drop_last else
                       max(0, -(-(total - sampler.rank) // sampler.num_replicas)))
         return Step(index, length, max(0, min(length, real_total - start)), last)

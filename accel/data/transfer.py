@@ -50,6 +50,7 @@ def _move(data: Any, device: Any, non_blocking: bool, skip: set[str]) -> Any:
         items = {key: value if key in skip else _move(value, device, non_blocking, skip)
                  for key, value in data.items()}
         try:
+            # Mapping declares no constructor arguments; a type that takes none fails below.
             return type(data)(items)  # type: ignore[call-arg]
         except TypeError:  # a Mapping that cannot be built from a dict: hand back a dict
             return items

@@ -46,6 +46,7 @@ def _trim(data: Any, size: int, real: int) -> Any:
     if isinstance(data, Mapping):
         items = {key: _trim(value, size, real) for key, value in data.items()}
         try:
+            # Mapping declares no constructor arguments; a type that takes none fails below.
             return type(data)(items)  # type: ignore[call-arg]
         except TypeError:
             return items

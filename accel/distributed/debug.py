@@ -35,7 +35,9 @@ def _describe(op: str, leaves: Sequence[torch.Tensor]) -> str:
 def consistency_check(op: str, leaves: Sequence[torch.Tensor]) -> Iterator[None]:
     """Hook for ``Communicator``: one all_gather_object of every rank's call, then compare."""
     mine = (_signature(op, leaves), _describe(op, leaves))
-    everyone: list[tuple[tuple[object, ...], str]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    # None only reserves the slots: all_gather_object fills every one of them.
+    slots = [None] * dist.get_world_size()
+    everyone: list[tuple[tuple[object, ...], str]] = slots  # type: ignore[assignment]
     dist.all_gather_object(everyone, mine)
     if any(sig != everyone[0][0] for sig, _ in everyone):
         lines = "\n".join(f"  rank {rank}: {desc}" for rank, (_, desc) in enumerate(everyone))

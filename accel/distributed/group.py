@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import warnings
 from datetime import timedelta
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -39,8 +40,8 @@ def build_context(info: LaunchInfo, device: Device) -> ProcessContext:
             )
     torch_device = device.torch_device(local_rank)
     backend = device.dist_backend
-    return ProcessContext(rank, local_rank, world, local_world,
-                          rank // max(local_world, 1) if info.launcher == "none" else info.node_rank,
+    node_rank = rank // max(local_world, 1) if info.launcher == "none" else info.node_rank
+    return ProcessContext(rank, local_rank, world, local_world, node_rank,
                           torch_device, backend, info.launcher)
 
 
@@ -117,7 +118,7 @@ def start_process_group(
             init_method = "env://"  # connects to the elastic agent's store when it hosts one
         else:
             init_method = f"tcp://{_bracket(info.master_addr)}:{info.master_port}"
-    kwargs: dict[str, object] = {}
+    kwargs: _GroupOptions = {}  # only what is set, so torch's defaults stand for the rest
     if backend == "nccl":
         kwargs["device_id"] = ctx.device
     store = _attempt_store(info, ctx.world_size, timeout) if init_method == "env://" else None
@@ -128,6 +129,12 @@ def start_process_group(
     dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size,
                             timeout=timeout, **kwargs)
     return ProcessGroupHandle(True, backend, timeout)
+
+
+class _GroupOptions(TypedDict, total=False):
+    init_method: str
+    store: dist.Store
+    device_id: torch.device
 
 
 def _attempt_store(info: LaunchInfo, world_size: int, timeout: timedelta) -> dist.Store | None:

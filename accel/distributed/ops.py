@@ -90,14 +90,15 @@ class _SendPlan:
         if not fits:  # this rank overflows: its payload goes in the second round
             return
         payload = self.send.view(torch.uint8)[len(header) * 8:]
-        for tensor, shape, offset in zip(leaves, shapes, offsets):
+        for tensor, shape, offset in zip(leaves, shapes, offsets, strict=True):
             nbytes = math.prod(shape) * tensor.element_size()
             dest = payload[offset: offset + nbytes]
             self.dests.append(dest if tensor.element_size() > _ALIGN
                               else dest.view(tensor.dtype).view(shape))
 
     def fill(self, leaves: list[torch.Tensor]) -> None:
-        for dest, tensor in zip(self.dests, leaves):
+        # dests is empty when this rank overflows (its payload goes in the second round).
+        for dest, tensor in zip(self.dests, leaves, strict=False):
             source = tensor.detach() if tensor.requires_grad else tensor
             dest.copy_(_as_bytes(source) if dest.dtype != source.dtype else source)
 
@@ -168,7 +169,7 @@ class Communicator:
 
     def _gather_leaves(self, leaves: list[torch.Tensor], group: Any = None) -> list[torch.Tensor]:
         shapes = [tuple(t.shape) if t.dim() else (1,) for t in leaves]
-        sizes = [math.prod(s) * t.element_size() for s, t in zip(shapes, leaves)]
+        sizes = [math.prod(s) * t.element_size() for s, t in zip(shapes, leaves, strict=True)]
         offsets, needed = [], 0
         for size in sizes:
             offsets.append(needed)
@@ -178,7 +179,8 @@ class Communicator:
         # Capacities are agreed per group: a subgroup gather must not change what the other
         # ranks assume for the next whole-job gather.
         scope = None if group is None else tuple(dist.get_process_group_ranks(group))
-        key = (scope, tuple((t.dtype, s[1:]) for t, s in zip(leaves, shapes)), len(header))
+        layout = tuple((t.dtype, s[1:]) for t, s in zip(leaves, shapes, strict=True))
+        key = (scope, layout, len(header))
         capacity = self._capacity.get(key, _MIN_CAPACITY)
 
         world = self.ctx.world_size if group is None else dist.get_world_size(group)
@@ -216,7 +218,7 @@ class Communicator:
 
     @staticmethod
     def _pack(buffer: torch.Tensor, leaves: list[torch.Tensor], offsets: list[int]) -> None:
-        for tensor, offset in zip(leaves, offsets):
+        for tensor, offset in zip(leaves, offsets, strict=True):
             raw = _as_bytes(tensor)
             buffer[offset: offset + raw.numel()].copy_(raw, non_blocking=True)
 
@@ -254,7 +256,7 @@ class Communicator:
                 chunk = rows[rank, offset: offset + nbytes]
                 parts[index].append(chunk.view(tensor.dtype).reshape(shape))
                 offset += _align(nbytes)
-        return [torch.cat(p).to(t.device) for p, t in zip(parts, leaves)]
+        return [torch.cat(p).to(t.device) for p, t in zip(parts, leaves, strict=True)]
 
     def gather_object(self, obj: Any, group: Any = None) -> list[Any]:
         """Gather picklable objects; lists/tuples are concatenated, other objects listed.
@@ -330,7 +332,7 @@ class Communicator:
             offsets = [sum(sizes[:i]) for i in range(len(sizes))]
             self._pack(buffer, leaves, offsets)
             dist.broadcast(buffer, src=from_process)
-            for tensor, offset in zip(leaves, offsets):
+            for tensor, offset in zip(leaves, offsets, strict=True):
                 nbytes = tensor.numel() * tensor.element_size()
                 src = buffer[offset: offset + nbytes].view(tensor.dtype).reshape(tensor.shape)
                 with torch.no_grad():
@@ -364,7 +366,7 @@ class Communicator:
         with self._collective("pad_across_processes", leaves):
             dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
         return rebuild([_pad(t, dim, int(m), pad_index, pad_first)
-                        for t, m in zip(leaves, sizes.tolist())])
+                        for t, m in zip(leaves, sizes.tolist(), strict=True)])
 
 
 def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
@@ -374,7 +376,7 @@ def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
     buffer (``world`` rows of ``row_bytes``, leaf ``i`` at byte ``base + offsets[i]``),
     copied once into its result."""
     out = []
-    for tensor, shape, offset in zip(leaves, shapes, offsets):
+    for tensor, shape, offset in zip(leaves, shapes, offsets, strict=True):
         size, count = tensor.element_size(), math.prod(shape)
         start = base + offset
         if size <= _ALIGN:  # offsets and rows are 8-byte aligned

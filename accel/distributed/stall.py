@@ -2,11 +2,12 @@
 
 ``CollectiveMonitor`` is a ``Communicator`` hook. Before every collective issued through accel it
 records this rank's position (sequence number, op, and the user's call site ``file:line``) in
-memory; a watchdog thread per monitor (started once, reused; it ends with the main thread) publishes the latest position to the
-store at most once per period (so the hot path has no store traffic), and notices a collective
-still pending after the threshold, reads every rank's position from the store - never through the blocked collective -
-and prints ONE report per stall on stderr: which ranks arrived at which op, and where the others
-are. The process-group timeout then ends the job.
+memory; a watchdog thread per monitor (started once, reused; it ends with the main thread)
+publishes the latest position to the store at most once per period (so the hot path has no store
+traffic), and notices a collective still pending after the threshold, reads every rank's
+position from the store - never through the blocked collective - and prints ONE report per
+stall on stderr: which ranks arrived at which op, and where the others are. The process-group
+timeout then ends the job.
 
 The same sequence of "sync points" (collectives, plus ``point()`` calls) lets a signal handler
 run on every rank at the same point: see ``on_signal``.
@@ -153,7 +154,8 @@ class CollectiveMonitor:
             return
         try:
             # Position.encode's format
-            store.set(self._key, f"{seq}|{when if when is not None else time.time():.3f}|{op}|{site}")
+            stamp = when if when is not None else time.time()
+            store.set(self._key, f"{seq}|{stamp:.3f}|{op}|{site}")
         except RuntimeError as exc:  # the store is gone: the job is ending; stop publishing
             self._store = None
             self._say(f"stall reports disabled, the c10d store is unreachable: {exc}")
@@ -254,6 +256,7 @@ class CollectiveMonitor:
                   f"(agreed by all {self.world_size} rank(s))")
         handler, self._handling = self._handler, True
         try:
+            # Not None: _point() only comes here while a handler is set.
             handler(signum)  # type: ignore[misc]
         finally:
             self._handling, self._handler = False, None  # once: later points are plain again
@@ -283,7 +286,9 @@ class CollectiveMonitor:
         if self._store is None:
             return
         try:
-            store = self._store.clone()  # its own connection: never waits on the main thread
+            # its own connection: never waits on the main thread. (Store.clone() exists at run
+            # time but is missing from torch's stub.)
+            store = self._store.clone()  # type: ignore[attr-defined]
         except RuntimeError:  # a store without clone(): share the main thread's connection
             store = self._store
         reported = -1
@@ -346,6 +351,7 @@ class CollectiveMonitor:
 def read_positions(store: dist.Store, world_size: int) -> list[Position | None]:
     """Every rank's last published position (``None`` for a rank that published nothing)."""
     keys = [f"{_PREFIX}{r}" for r in range(world_size)]
+    raw: Sequence[bytes | None]
     if store.check(keys):
         raw = store.multi_get(keys)
     else:

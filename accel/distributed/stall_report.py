@@ -49,7 +49,7 @@ def rank_ranges(ranks: Sequence[int]) -> str:
     ordered = sorted(ranks)
     parts: list[str] = []
     start = prev = ordered[0]
-    for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+    for rank in [*ordered[1:], None]:
         if rank is not None and rank == prev + 1:
             prev = rank
             continue

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -60,7 +60,7 @@ def leader_first(ctx: ProcessContext, store: dist.Store | None, key: str,
         wait_for_key(store, f"accel/first/{scope}/leader")
     yield
     if leader:
-        store.set(f"accel/first/{scope}/leader", b"1")
+        store.set(f"accel/first/{scope}/leader", "1")  # stored as the same bytes as b"1"
         _wait_for_count(store, f"accel/first/{scope}/done", members - 1)
     else:
         store.add(f"accel/first/{scope}/done", 1)
@@ -84,7 +84,9 @@ def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False
         if len(lengths) > 1:
             raise ValueError(f"split_between_processes got a dict whose values have different "
                              f"lengths {sorted(lengths)}; they must all have the same length")
-        return type(inputs)({k: split_for_rank(ctx, v, apply_padding) for k, v in inputs.items()})
+        # Mapping itself declares no constructor arguments; dict and its subclasses take a dict.
+        factory: Callable[[dict[Any, Any]], Any] = type(inputs)
+        return factory({k: split_for_rank(ctx, v, apply_padding) for k, v in inputs.items()})
     if not isinstance(inputs, (list, tuple, torch.Tensor)):
         raise TypeError(f"split_between_processes needs a list, tuple, tensor or dict of those, "
                         f"got {type(inputs).__name__}")
@@ -97,10 +99,12 @@ def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False
     missing = target - (end - start)
     if missing <= 0:
         return part
-    last = inputs[-1:]
+    # Pad with the last item, in the input's own type (one branch per type, for the checker).
     if isinstance(inputs, torch.Tensor):
-        return torch.cat([part, last.expand(missing, *inputs.shape[1:])])
-    return part + type(inputs)(list(last) * missing)
+        return torch.cat([inputs[start:end], inputs[-1:].expand(missing, *inputs.shape[1:])])
+    if isinstance(inputs, list):
+        return inputs[start:end] + type(inputs)(list(inputs[-1:]) * missing)
+    return inputs[start:end] + type(inputs)(list(inputs[-1:]) * missing)
 
 
 def any_rank(comm: Communicator, flag: bool) -> bool:
