@@ -59,15 +59,25 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .accelerator import Accelerator
-    from .checkpoint import load, save
-    from .data import skip_first_batches
-    from .launch.notebook import debug_launcher, notebook_launcher
-    from .logging import get_logger
-    from .memory import find_executable_batch_size, free_memory, release_memory
-    from .progress import tqdm
-    from .tracking import GeneralTracker
-    from .utils import set_seed
-    from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
-                         DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
-                         InitProcessGroupKwargs, PrecisionType, ProjectConfiguration)
+    from .accelerator import Accelerator as Accelerator
+    from .checkpoint import load as load
+    from .checkpoint import save as save
+    from .config import AutocastKwargs as AutocastKwargs
+    from .config import DataLoaderConfiguration as DataLoaderConfiguration
+    from .config import DistributedDataParallelKwargs as DistributedDataParallelKwargs
+    from .config import DistributedType as DistributedType
+    from .config import GradientAccumulationPlugin as GradientAccumulationPlugin
+    from .config import GradScalerKwargs as GradScalerKwargs
+    from .config import InitProcessGroupKwargs as InitProcessGroupKwargs
+    from .config import PrecisionType as PrecisionType
+    from .config import ProjectConfiguration as ProjectConfiguration
+    from .data import skip_first_batches as skip_first_batches
+    from .launch.notebook import debug_launcher as debug_launcher
+    from .launch.notebook import notebook_launcher as notebook_launcher
+    from .logging import get_logger as get_logger
+    from .memory import find_executable_batch_size as find_executable_batch_size
+    from .memory import free_memory as free_memory
+    from .memory import release_memory as release_memory
+    from .progress import tqdm as tqdm
+    from .tracking import GeneralTracker as GeneralTracker
+    from .utils import set_seed as set_seed

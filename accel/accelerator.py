@@ -26,12 +26,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from .accumulation import AccumulationState
 from .checkpoint import files as _ckpt_files
 from .checkpoint.session import Checkpointer
-from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
-                     GradientAccumulationPlugin, KwargsHandler, PrecisionType,
-                     ProjectConfiguration)
-from .accumulation import AccumulationState
+from .config import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedType,
+    GradientAccumulationPlugin,
+    KwargsHandler,
+    PrecisionType,
+    ProjectConfiguration,
+)
 from .connector import Arguments, connect
 from .data import PreparedDataLoader, gather_for_metrics, send_to_device, skip_first_batches
 from .distributed.sync import any_rank, leader_first, split_for_rank
@@ -40,7 +46,8 @@ from .memory import release_memory
 from .preparation import Preparer
 from .progress import tqdm as _tqdm
 from .runstate import RunState
-from .tracking import TrackerSet, init_trackers as _init_trackers
+from .tracking import TrackerSet
+from .tracking import init_trackers as _init_trackers
 from .training import StepController
 from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
@@ -231,7 +238,7 @@ class Accelerator:
         self._run.prepared_ids.add(id(wrapped))
         return wrapped
 
-    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader,
+    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader[Any],
                             device_placement: bool | None = None) -> PreparedDataLoader:
         """Shard ``data_loader`` by rank and move its batches to the device."""
         place = self.device_placement if device_placement is None else device_placement
@@ -323,7 +330,7 @@ class Accelerator:
 
     def on_signal(self, handler: Callable[[int], None],
                   signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
-        """On SIGTERM/SIGINT run ``handler(signum)`` once on every rank at the same point, then exit.
+        """On SIGTERM/SIGINT run ``handler(signum)`` once on every rank at one point, then exit.
 
         The point is the next ``check_signal()`` or collective through accel that no rank has
         passed yet, so ``handler`` may call ``save_state()``. Call on every rank, e.g.

@@ -28,13 +28,27 @@ from typing import Any
 import torch
 
 from . import env
-from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
-                     GradientAccumulationPlugin, GradScalerKwargs, InitProcessGroupKwargs,
-                     KwargsHandler, PrecisionType, ProjectConfiguration, parse_mixed_precision,
-                     to_timedelta)
+from .config import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    PrecisionType,
+    ProjectConfiguration,
+    parse_mixed_precision,
+    to_timedelta,
+)
 from .device import Device, select_device
-from .distributed import Communicator, ProcessContext, ProcessGroupHandle, build_context, \
-    start_process_group
+from .distributed import (
+    Communicator,
+    ProcessContext,
+    ProcessGroupHandle,
+    build_context,
+    start_process_group,
+)
 from .distributed.debug import consistency_check
 from .distributed.stall import CollectiveMonitor
 from .precision import Precision, make_precision

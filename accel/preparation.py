@@ -90,7 +90,8 @@ class Preparer:
         if isinstance(obj, nn.Module):
             before = list(obj.parameters())
             wrapped = self.prepare_model(obj, place)
-            moved.update({id(o): n for o, n in zip(before, obj.parameters()) if o is not n})
+            after = obj.parameters()
+            moved.update({id(o): n for o, n in zip(before, after, strict=True) if o is not n})
             return wrapped
         if isinstance(obj, torch.optim.Optimizer):
             return self.prepare_optimizer(obj, moved)

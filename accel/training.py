@@ -58,9 +58,9 @@ class StepController:
             raise ValueError("backward() was called with and without num_items in one "
                              "accumulation group; use one style for every micro-batch")
         acc.uses_num_items = use_items
-        if use_items:
+        if num_items is not None:
             acc.items += float(num_items.item() if isinstance(num_items, torch.Tensor)
-                               else num_items)  # type: ignore[union-attr]
+                               else num_items)
         else:
             loader = self.run.data.active
             weight = acc.loss_weight(loader.current_batch_len if loader is not None else 1)

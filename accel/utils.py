@@ -20,11 +20,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedDataParallelKwargs,
-                     DistributedType, GradientAccumulationPlugin, GradScalerKwargs,
-                     InitProcessGroupKwargs, PrecisionType, ProjectConfiguration)
-from .data import send_to_device, skip_first_batches
 from . import env
+from .config import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    PrecisionType,
+    ProjectConfiguration,
+)
+from .data import send_to_device, skip_first_batches
 from .device import DEVICE_KINDS
 from .distributed import Communicator, ProcessContext, build_context
 from .memory import find_executable_batch_size, release_memory

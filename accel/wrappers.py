@@ -45,7 +45,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # Optimizer API --------------------------------------------------------------------------
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:
         return self.optimizer.state
 
     @state.setter
@@ -53,7 +53,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.state = value
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -61,7 +61,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.param_groups = value
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         return self.optimizer.defaults
 
     @defaults.setter
@@ -81,7 +81,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self._run.accumulation.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         if not self._run.accumulation.sync_gradients:
             return None
         if closure is not None:

@@ -22,8 +22,8 @@ Example:
 
 from __future__ import annotations
 
-from .metrics import gather_for_metrics
 from .loader import DataTracker, PreparedDataLoader, prepare_data_loader, skip_first_batches
+from .metrics import gather_for_metrics
 from .samplers import SeedableSampler
 from .transfer import send_to_device
 from .trim import trim_batch

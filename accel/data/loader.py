@@ -29,8 +29,14 @@ from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
 from .plan import Step
 from .samplers import SkipBatchSampler
-from .sources import (IterableSource, MapSource, PassthroughSource, _Source,
-                      find_distributed_sampler, rebuild_loader)
+from .sources import (
+    IterableSource,
+    MapSource,
+    PassthroughSource,
+    _Source,
+    find_distributed_sampler,
+    rebuild_loader,
+)
 from .transfer import send_to_device
 from .trim import trim_batch
 

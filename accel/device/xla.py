@@ -93,8 +93,8 @@ class XLADevice(Device):
         # not an index here.
         txla = _torch_xla()
         if hasattr(txla, "device"):  # torch_xla >= 2.6; xm.xla_device() is deprecated
-            return txla.device()
-        return _xm().xla_device()
+            return torch.device(txla.device())
+        return torch.device(_xm().xla_device())
 
     def batch_hook(self) -> Callable[[], None] | None:
         return mark_step  # cut the lazy graph per batch (evaluation, accumulation micro-steps)

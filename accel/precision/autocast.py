@@ -45,5 +45,5 @@ class AutocastPrecision(Precision):
                 return _to_fp32(original(*args, **kwargs))
 
         setattr(forward, _ORIGINAL, original)
-        model.forward = forward  # type: ignore[method-assign]
+        model.forward = forward
         return model

@@ -9,7 +9,7 @@ scaler's state for checkpoints.
 from __future__ import annotations
 
 import contextlib
-from abc import ABC
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -32,11 +32,11 @@ def remove_forward_wrapper(module: nn.Module) -> None:
     if getattr(original, "__func__", None) is type(module).forward:
         del module.__dict__["forward"]  # back to the class's own forward
     else:
-        module.forward = original  # type: ignore[method-assign]
+        module.forward = original
 
 
 class Precision(ABC):
-    """Base of the precision modes; on its own it changes nothing (full precision)."""
+    """Base of the precision modes: full-precision backward and step unless a mode overrides."""
 
     mode: PrecisionType = PrecisionType.NO
 
@@ -49,14 +49,14 @@ class Precision(ABC):
         return None
 
     # -- forward ---------------------------------------------------------------------------------
+    @abstractmethod
     def forward_context(self, autocast: AutocastKwargs | None = None
                         ) -> contextlib.AbstractContextManager[Any]:
         """The context a forward pass runs in (``accelerator.autocast()``)."""
-        return contextlib.nullcontext()
 
+    @abstractmethod
     def wrap_forward(self, model: nn.Module) -> nn.Module:
-        """Make ``model``'s forward run in ``forward_context`` (no-op in full precision)."""
-        return model
+        """Make ``model``'s forward run in ``forward_context``; returns ``model``."""
 
     def unwrap_forward(self, model: nn.Module) -> nn.Module:
         """Remove what ``wrap_forward`` installed (``unwrap_model(keep_fp32_wrapper=False)``)."""

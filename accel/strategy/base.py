@@ -68,7 +68,7 @@ class Strategy(ABC):
         """Accelerate's name for this kind of job (``accelerator.distributed_type``)."""
 
     def with_placement(self, place: bool) -> Strategy:
-        """The same strategy, placing models on the device or not (``prepare(device_placement)``)."""
+        """This strategy, placing models on the device or not (``prepare(device_placement)``)."""
         if place == self.place:
             return self
         return type(self)(self.ctx, place, self.ddp_kwargs)

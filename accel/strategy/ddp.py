@@ -44,11 +44,11 @@ class DDPStrategy(Strategy):
         return _forced_sync(model)
 
     def join(self, joinables: Iterable[Any]) -> contextlib.AbstractContextManager[Any]:
-        ddp = [j for j in joinables if isinstance(j, _DDP)]
+        from torch.distributed.algorithms.join import Join, Joinable
+
+        ddp: list[Joinable] = [j for j in joinables if isinstance(j, _DDP)]
         if not self.ctx.is_distributed or not ddp:
             return contextlib.nullcontext()
-        from torch.distributed.algorithms.join import Join
-
         return Join(ddp)
 
 
