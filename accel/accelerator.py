@@ -21,6 +21,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,8 +32,8 @@ from .logging import main_print
 from .memory import release_memory
 from .progress import tqdm as _tqdm
 from .accumulation import AccumulationState
-from .checkpoint import files as _ckpt_files
-from .checkpoint.session import Checkpointer
+from .checkpoint import RunSnapshot, check_registrable, load_run, save_run
+from .checkpoint.storage import files as _ckpt_files
 from .config import (AutocastKwargs, DataLoaderConfiguration, DistributedType,
                      GradientAccumulationPlugin, KwargsHandler, PrecisionType,
                      ProjectConfiguration)
@@ -143,9 +144,8 @@ class Accelerator:
         self._schedulers, self._dataloaders = self._prep.schedulers, self._prep.dataloaders
         self._sections = 0
         self._trigger = False
-        self._ckpt = Checkpointer(self._comm, self._prep, self._precision, self._device_kind,
-                                  self._accumulation, self.project_configuration,
-                                  self.unwrap_model)
+        self._custom: list[Any] = []  # register_for_checkpointing() objects, by position
+        self._loaded_dir: Path | None = None  # the checkpoint loaded last is never rotated away
         self._step = StepController(self._precision, self._strategy, self._accumulation,
                                     self._comm, self._tracker, self._models, self._optimizers)
         self._log_with = log_with
@@ -519,7 +519,16 @@ class Accelerator:
             >>> accelerator = Accelerator(cpu=True)
             >>> accelerator.register_for_checkpointing(Step())
         """
-        self._ckpt.register(objects)
+        for obj in objects:
+            self._custom.append(check_registrable(obj))
+
+    def _snapshot(self) -> RunSnapshot:
+        p, acc = self._prep, self._accumulation
+        return RunSnapshot(tuple(p.models), tuple(p.optimizers), tuple(p.schedulers),
+                           tuple(p.dataloaders), tuple(self._custom), self._precision,
+                           _UnwrappedModelIO(), self._device_kind, acc.step, acc.num_steps,
+                           acc.sync_gradients,
+                           max((o.steps_taken for o in p.optimizers), default=0), self._loaded_dir)
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
                    **unsupported: Any) -> str:
@@ -537,7 +546,12 @@ class Accelerator:
             >>> accelerator.save_state().endswith("checkpoint_0")
             True
         """
-        return self._ckpt.save(output_dir, total_limit, unsupported)
+        if unsupported:
+            raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
+                            "accel always writes safetensors + JSON")
+        project = self.project_configuration
+        return str(save_run(self._comm, self._snapshot(), output_dir, total_limit,
+                            project.project_dir, project.total_limit))
 
     def load_state(self, input_dir: str | None = None, strict: bool = True,
                    missing_ok: bool = False) -> str | None:
@@ -556,7 +570,15 @@ class Accelerator:
             >>> accelerator.load_state(missing_ok=True) is None
             True
         """
-        return self._ckpt.load(input_dir, strict, missing_ok)
+        loaded = load_run(self._comm, self._snapshot(), input_dir,
+                          self.project_configuration.project_dir, strict, missing_ok)
+        if loaded is None:
+            return None
+        self._accumulation.step = loaded.accumulation_step
+        for opt in self._prep.optimizers:
+            opt.steps_taken = loaded.optimizer_steps
+        self._loaded_dir = loaded.path
+        return str(loaded.path)
 
     def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
         """Save a state dict or module as safetensors (main process only, atomic)."""
@@ -593,6 +615,17 @@ class Accelerator:
         self.wait_for_everyone()
         self._monitor.close()
         self._group.close()
+
+
+class _UnwrappedModelIO:
+    """ModelStateIO through unwrap_module, until strategies implement it (issue 13)."""
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return dict(unwrap_module(model).state_dict())
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+                              strict: bool) -> Any:
+        return unwrap_module(model).load_state_dict(state, strict=strict)
 
 
 Accelerator.send_to_device = staticmethod(send_to_device)  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/_optional.py", "L0"),
     ("accel/config.py", "L0"),
     ("accel/_tree.py", "L0"),
+    ("accel/_version.py", "L0"),  # __version__, for code below the package root
     # DESIGN.md §2 lists logging in L0, but it reads the rank through accel.env (stdlib only)
     # to print on the main process before any Accelerator exists: it sits in L1.
     ("accel/logging.py", "L1"),
@@ -52,9 +53,12 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/tracking.py", "L3"),
     ("accel/tracking/*", "L3"),
     ("accel/memory.py", "L3"),
+    ("accel/rng.py", "L3"),  # capture/restore/seed every generator: checkpoints and set_seed
     ("accel/wrappers.py", "L4"),
     ("accel/training.py", "L4"),
     ("accel/preparation.py", "L4"),  # what prepare() does per object kind; the registries  # backward / accumulation / clipping for the facade
+    ("accel/checkpoint/storage/*", "L4"),  # the storage library: imports only L0-L1
+    ("accel/checkpoint/protocol/*", "L4"),  # what a run saves/restores: storage, rng, distributed
     ("accel/checkpoint/*", "L4"),
     ("accel/utils.py", "utils"),  # public re-export layer: anything below L5
     ("accel/utils/*", "utils"),
