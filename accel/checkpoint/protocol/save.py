@@ -28,14 +28,14 @@ from ..._version import __version__
 from ...distributed import Communicator
 from ..storage import (
     CheckpointError,
+    CheckpointWriter,
+    FileRecord,
     checkpoints_root,
     finalize,
     new_token,
     next_checkpoint_name,
     rotate,
     temp_dir_for,
-    write_state,
-    write_tensors,
 )
 from .snapshot import RunSnapshot, component_counts
 
@@ -47,26 +47,37 @@ def _on_cpu(state: Any) -> Any:
     return _tree.apply(lambda t: t if t.device.type == "cpu" else t.detach().cpu(), state)
 
 
-def _write_rank_files(tmp: Path, snap: RunSnapshot, rank: int) -> dict[str, Any]:
-    records: dict[str, Any] = {}
+def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) -> None:
+    """Queue this rank's files; states are encoded now, files written by the writer's threads."""
     if rank == 0:
         for i, model in enumerate(snap.models):
             state = snap.model_io.model_state_dict(model)
-            records[f"model_{i}.safetensors"] = write_tensors(
-                tmp, f"model_{i}.safetensors", {k: v.detach().cpu() for k, v in state.items()})
+            writer.write_tensors(f"model_{i}.safetensors",
+                                 {k: v.detach().cpu() for k, v in state.items()})
         for i, opt in enumerate(snap.optimizers):
-            records.update(write_state(tmp, f"optimizer_{i}", _on_cpu(opt.state_dict())))
+            writer.write_state(f"optimizer_{i}", _on_cpu(opt.state_dict()))
         for i, sched in enumerate(snap.schedulers):
-            records.update(write_state(tmp, f"scheduler_{i}", _on_cpu(sched.state_dict())))
+            writer.write_state(f"scheduler_{i}", _on_cpu(sched.state_dict()))
         scaler = snap.scaler.state_dict()
         if scaler:
-            records.update(write_state(tmp, "scaler", _on_cpu(scaler)))
+            writer.write_state("scaler", _on_cpu(scaler))
         for i, obj in enumerate(snap.custom):
-            records.update(write_state(tmp, f"custom_{i}", _on_cpu(obj.state_dict())))
-    records.update(write_state(tmp, f"rank_{rank}/rng", rng.capture(snap.device)))
-    records.update(write_state(tmp, f"rank_{rank}/loaders",
-                               [loader.state_dict() for loader in snap.loaders]))
-    return records
+            writer.write_state(f"custom_{i}", _on_cpu(obj.state_dict()))
+    writer.write_state(f"rank_{rank}/rng", rng.capture(snap.device))
+    writer.write_state(f"rank_{rank}/loaders", [loader.state_dict() for loader in snap.loaders])
+
+
+def _write_rank_files(target: Path, token: str, snap: RunSnapshot, rank: int
+                      ) -> dict[str, FileRecord]:
+    """This rank's files, written by threads so that one file's hashing and fsync overlap
+    another's writing (measured faster than one file after the other, for the same CPU time).
+    On failure the temporary directory is left to rank 0 (other ranks may still write there)."""
+    writer = CheckpointWriter(target, token)
+    try:
+        _queue_rank_files(writer, snap, rank)
+        return writer.wait()  # returns only after every queued file is finished or failed
+    finally:
+        writer.close()
 
 
 def _plan_target(comm: Communicator, output_dir: str | Path | None, root: Path | None
@@ -158,7 +169,7 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     target, token = _plan_target(comm, output_dir, root)
     tmp = temp_dir_for(target, token)
     try:
-        records: Any = _write_rank_files(tmp, snap, ctx.rank)
+        records: Any = _write_rank_files(target, token, snap, ctx.rank)
     except Exception as exc:  # reported to every rank below, then re-raised
         records = CheckpointError(f"rank {ctx.rank} could not write its part of {target}: {exc}")
     gathered = comm.gather_object([records])
