@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from .accumulation import AccumulationState
-from .checkpoint import files as _ckpt_files
-from .checkpoint.session import Checkpointer
+from .checkpoint import check_registrable, load_run, save_run
+from .checkpoint.storage import files as _ckpt_files
 from .config import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -94,8 +94,6 @@ class Accelerator:
                               opts.dataloader_config, opts.step_scheduler_with_optimizer,
                               opts.sync_batchnorm, rt.hardware.batch_hook())
         self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm)
-        self._ckpt = Checkpointer(rt.comm, self._run, rt.precision, rt.hardware,
-                                  self._run.accumulation, opts.project, self.unwrap_model)
         self._trackers = TrackerSet()
         self._announce()
 
@@ -455,7 +453,7 @@ class Accelerator:
             >>> accelerator = Accelerator(cpu=True)
             >>> accelerator.register_for_checkpointing(Step())
         """
-        self._ckpt.register(objects)
+        self._run.custom.extend(check_registrable(obj) for obj in objects)
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
                    **unsupported: Any) -> str:
@@ -473,7 +471,12 @@ class Accelerator:
             >>> accelerator.save_state().endswith("checkpoint_0")
             True
         """
-        return self._ckpt.save(output_dir, total_limit, unsupported)
+        if unsupported:
+            raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
+                            "accel always writes safetensors + JSON")
+        project, rt = self._options.project, self._rt
+        return str(save_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
+                            output_dir, total_limit, project.project_dir, project.total_limit))
 
     def load_state(self, input_dir: str | None = None, strict: bool = True,
                    missing_ok: bool = False) -> str | None:
@@ -492,7 +495,13 @@ class Accelerator:
             >>> accelerator.load_state(missing_ok=True) is None
             True
         """
-        return self._ckpt.load(input_dir, strict, missing_ok)
+        rt = self._rt
+        loaded = load_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
+                          input_dir, self._options.project.project_dir, strict, missing_ok)
+        if loaded is None:
+            return None
+        self._run.restored(loaded.path, loaded.accumulation_step, loaded.optimizer_steps)
+        return str(loaded.path)
 
     def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
         """Save a state dict or module as safetensors (main process only, atomic)."""

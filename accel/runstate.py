@@ -20,7 +20,9 @@ from typing import Any, Protocol
 from torch import nn
 
 from .accumulation import AccumulationState
+from .checkpoint.protocol import ModelStateIO, RunSnapshot, Stateful
 from .data import DataTracker, PreparedDataLoader
+from .device import Device
 
 __all__ = ["RunState", "SteppedOptimizer"]
 
@@ -73,6 +75,20 @@ class RunState:
         """A store key for the next ``main_process_first`` block (the same on every rank)."""
         self.sections += 1
         return f"s{self.sections}"
+
+    def snapshot(self, scaler: Stateful, model_io: ModelStateIO, device: Device) -> RunSnapshot:
+        """What ``save_state``/``load_state`` see of this run (the checkpoint protocol's input).
+
+        Args:
+            scaler: the precision policy (its state is the fp16 scaler's; ``{}`` otherwise).
+            model_io: the strategy, which gathers and loads full model state dicts.
+            device: the device kind, whose RNG state is saved per rank.
+        """
+        acc = self.accumulation
+        return RunSnapshot(tuple(self.models), tuple(self.optimizers), tuple(self.schedulers),
+                           tuple(self.dataloaders), tuple(self.custom), scaler, model_io, device,
+                           acc.step, acc.num_steps, acc.sync_gradients, self.optimizer_steps,
+                           self.loaded_dir)
 
     def restored(self, path: Path, accumulation_step: int, optimizer_steps: int) -> None:
         """Record what ``load_state`` restored that the objects themselves do not hold."""

@@ -13,10 +13,8 @@ Example:
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,6 +34,7 @@ from .data import send_to_device, skip_first_batches
 from .device import DEVICE_KINDS
 from .distributed import Communicator, ProcessContext, build_context
 from .memory import find_executable_batch_size, release_memory
+from .rng import seed_everything
 
 __all__ = [
     "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
@@ -98,8 +97,6 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         raise TypeError(f"seed must be an int, got {seed!r}")
     if device_specific and dist.is_available() and dist.is_initialized():
         seed += dist.get_rank()
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)  # also seeds every CUDA device, lazily
+    seed_everything(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)

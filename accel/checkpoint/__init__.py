@@ -1,17 +1,16 @@
-"""Checkpoint storage: atomic, pickle-free directories and safetensors files.
+"""Checkpoints: a storage library and the protocol a training run uses on top of it.
 
-Layer L4. The :class:`~accel.Accelerator` composes these pieces in ``save_state`` /
-``load_state``; they are usable on their own.
+Layer L4, in two parts:
 
-- :mod:`.codec`: nested state (optimizer, scheduler, RNG, …) <-> tensors + JSON structure.
-- :mod:`.format`: write a checkpoint directory atomically (temp dir, fsync, manifest, rename).
-- :mod:`.reader`: manifest, completeness, verification, verified component loading.
-- :mod:`.naming`: ``checkpoint_<n>`` names, newest complete checkpoint, rotation.
-- :mod:`.files`: single safetensors files (``save``/``load``) and sharded ``save_model``.
+- :mod:`.storage`: atomic, pickle-free directories and safetensors files; no collectives, no
+  knowledge of runs. Usable on its own; its names are re-exported here (``accel.save`` and
+  ``accel.load`` come from it).
+- :mod:`.protocol`: what a run saves and restores on every rank (``save_run``/``load_run`` on a
+  :class:`~accel.checkpoint.protocol.RunSnapshot`); the :class:`~accel.Accelerator` calls it
+  in ``save_state``/``load_state``.
 
 Example:
     >>> import tempfile, torch
-    >>> from pathlib import Path
     >>> root = checkpoints_root(tempfile.mkdtemp())
     >>> writer = CheckpointWriter(next_checkpoint_name(root))
     >>> _ = writer.write_state("optimizer", {"state": {}, "param_groups": [{"lr": 0.1}]})
@@ -22,22 +21,63 @@ Example:
 
 from __future__ import annotations
 
-from ._io import FileRecord, new_token
-from .codec import decode, encode
-from .errors import CheckpointError
-from .files import load, load_model, load_model_state, parse_size, save, save_model
-from .format import (FORMAT_VERSION, MANIFEST, CheckpointWriter, finalize, remove_checkpoint,
-                     temp_dir_for, write_json, write_state, write_tensors)
-from .naming import (checkpoint_number, checkpoints_root, complete_checkpoints, latest_complete,
-                     next_checkpoint_name, rotate)
-from .reader import (CheckpointReader, Manifest, is_complete, load_component, load_json, load_tensors,
-                     read_manifest, read_state, verify)
+from .protocol import (
+    LoadedRun,
+    ModelStateIO,
+    RunSnapshot,
+    Stateful,
+    check_registrable,
+    load_run,
+    save_run,
+)
+from .storage import (
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    CheckpointReader,
+    CheckpointWriter,
+    FileRecord,
+    Manifest,
+    checkpoint_number,
+    checkpoints_root,
+    complete_checkpoints,
+    decode,
+    encode,
+    finalize,
+    is_complete,
+    latest_complete,
+    load,
+    load_component,
+    load_json,
+    load_model,
+    load_model_state,
+    load_tensors,
+    new_token,
+    next_checkpoint_name,
+    parse_size,
+    read_manifest,
+    read_state,
+    remove_checkpoint,
+    rotate,
+    save,
+    save_model,
+    temp_dir_for,
+    verify,
+    write_json,
+    write_state,
+    write_tensors,
+)
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST", "CheckpointError", "CheckpointReader", "CheckpointWriter", "FileRecord", "Manifest",
-    "checkpoint_number", "checkpoints_root", "complete_checkpoints", "decode", "encode",
-    "finalize", "is_complete", "latest_complete", "load", "load_component", "load_json",
-    "load_model", "load_model_state", "load_tensors", "new_token", "next_checkpoint_name",
-    "parse_size", "read_manifest", "read_state", "remove_checkpoint", "rotate", "save",
-    "save_model", "temp_dir_for", "verify", "write_json", "write_state", "write_tensors",
+    # storage (unchanged since before the split)
+    "FORMAT_VERSION", "MANIFEST", "CheckpointError", "CheckpointReader", "CheckpointWriter",
+    "FileRecord", "Manifest", "checkpoint_number", "checkpoints_root", "complete_checkpoints",
+    "decode", "encode", "finalize", "is_complete", "latest_complete", "load", "load_component",
+    "load_json", "load_model", "load_model_state", "load_tensors", "new_token",
+    "next_checkpoint_name", "parse_size", "read_manifest", "read_state", "remove_checkpoint",
+    "rotate", "save", "save_model", "temp_dir_for", "verify", "write_json", "write_state",
+    "write_tensors",
+    # protocol
+    "LoadedRun", "ModelStateIO", "RunSnapshot", "Stateful", "check_registrable", "load_run",
+    "save_run",
 ]

@@ -183,16 +183,16 @@ def _diverged_load(acc: Any, rank: int, path: str) -> str:
     """Rank 1 sees another checkpoint under the same name (no shared filesystem)."""
     import dataclasses
 
-    from accel.checkpoint import state
+    from accel.checkpoint.protocol import load
 
-    original = state.read_manifest
+    original = load.read_manifest
     if rank == 1:
-        state.read_manifest = lambda p: dataclasses.replace(  # type: ignore[assignment]
+        load.read_manifest = lambda p: dataclasses.replace(  # type: ignore[assignment]
             original(p), created="1970-01-01T00:00:00+00:00")
     try:
         return _try_load(acc, Path(path), True)[0]
     finally:
-        state.read_manifest = original
+        load.read_manifest = original
 
 
 def _first_batches(loader: Any, n: int) -> list[np.ndarray]:

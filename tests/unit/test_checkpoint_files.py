@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from accel.checkpoint import (MANIFEST, CheckpointError, CheckpointWriter, load, load_component,
                               load_model, load_model_state, parse_size, read_manifest,
                               read_state, save, save_model, verify)
-from accel.checkpoint._io import hash_file
+from accel.checkpoint.storage._io import hash_file
 
 
 class _Payload:

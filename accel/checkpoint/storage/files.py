@@ -156,7 +156,7 @@ def save_model(model: Any, save_directory: str | Path, max_shard_size: int | str
     names = [WEIGHTS_NAME] if len(shards) == 1 else \
         [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     weight_map: dict[str, str] = {}
-    for name, shard in zip(names, shards):
+    for name, shard in zip(names, shards, strict=True):
         local = {a: t for a, t in aliases.items() if t in shard}
         _write_atomic(directory / name, {**shard, **{a: shard[t] for a, t in local.items()}},
                       metadata)

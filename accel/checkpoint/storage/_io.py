@@ -17,8 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["CHUNK", "Buffer", "FileRecord", "HashingWriter", "alloc_buffer", "fsync_dir", "fsync_file",
-           "hash_file", "new_token", "read_hashed"]
+__all__ = ["CHUNK", "Buffer", "FileRecord", "HashingWriter", "alloc_buffer", "fsync_dir",
+           "fsync_file", "hash_file", "new_token", "read_hashed"]
 
 CHUNK = 4 << 20  # raw read/write size
 Buffer = bytearray | mmap.mmap

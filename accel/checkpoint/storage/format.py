@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ..._version import __version__ as _ACCEL_VERSION
 from . import _st
 from ._io import FileRecord, HashingWriter, fsync_dir, fsync_file, hash_file, new_token
 from .codec import encode
@@ -55,7 +56,8 @@ OLD_PREFIX = ".old-"
 def check_relpath(relpath: str) -> str:
     """Validate a file name inside a checkpoint (relative, posix, no ``..``, not hidden)."""
     parts = PurePosixPath(relpath).parts if isinstance(relpath, str) else ()
-    if (not parts or relpath.startswith("/") or "\\" in relpath or str(PurePosixPath(relpath)) != relpath
+    if (not parts or relpath.startswith("/") or "\\" in relpath
+            or str(PurePosixPath(relpath)) != relpath
             or any(p in (".", "..") or p.startswith(".") for p in parts) or relpath == MANIFEST):
         raise ValueError(f"invalid checkpoint file name {relpath!r}: expected a relative posix "
                          f"path like 'rng/rank_0.safetensors' without '..', hidden parts or "
@@ -103,7 +105,7 @@ def _write_bytes(tmpdir: Path, relpath: str, data: bytes) -> FileRecord:
 
 
 def write_json(tmpdir: str | Path, relpath: str, value: Any) -> FileRecord:
-    """Write strict JSON (no NaN/inf; encode those with :mod:`accel.checkpoint.codec`)."""
+    """Write strict JSON (no NaN/inf; encode those with :mod:`.codec`)."""
     return _write_bytes(Path(tmpdir), relpath, _json_bytes(value))
 
 
@@ -119,7 +121,7 @@ def write_state(tmpdir: str | Path, stem: str, state: Any) -> dict[str, FileReco
 
     Tensors and numpy arrays go to ``<stem>.safetensors`` (only written when there are any);
     the structure goes to ``<stem>.json``, which names the tensor file. Read it back with
-    :func:`accel.checkpoint.reader.read_state`.
+    :func:`accel.checkpoint.storage.reader.read_state`.
 
     Raises:
         TypeError: ``state`` holds a value that cannot be stored without pickle (names its path).
@@ -168,15 +170,16 @@ def _file_records(tmpdir: Path, records: Mapping[str, FileRecord]) -> dict[str, 
 
 
 def _manifest_doc(files: Mapping[str, FileRecord], step: int, world_size: int,
-                  meta: Mapping[str, Any] | None) -> dict[str, Any]:
-    from accel import __version__
-
+                  meta: Mapping[str, Any] | None, accel_version: str) -> dict[str, Any]:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if not isinstance(accel_version, str) or not accel_version:
+        raise ValueError(f"accel_version must be a non-empty string such as '0.1.0', got "
+                         f"{accel_version!r}")
     doc = {"format": "accel-checkpoint", "format_version": FORMAT_VERSION, "step": step,
-           "world_size": world_size, "accel_version": __version__,
+           "world_size": world_size, "accel_version": accel_version,
            "torch_version": torch.__version__,
            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "files": {rel: rec.to_json() for rel, rec in files.items()}, "meta": dict(meta or {})}
@@ -201,7 +204,8 @@ def _swap_into_place(tmpdir: Path, target: Path, token: str) -> None:
 
 def finalize(tmpdir: str | Path, target: str | Path, *, step: int, world_size: int,
              meta: Mapping[str, Any] | None = None,
-             records: Mapping[str, FileRecord] | None = None) -> Path:
+             records: Mapping[str, FileRecord] | None = None,
+             accel_version: str = _ACCEL_VERSION) -> Path:
     """Hash, write ``manifest.json`` last, fsync and rename ``tmpdir`` to ``target`` (rank 0 only).
 
     Args:
@@ -212,6 +216,8 @@ def finalize(tmpdir: str | Path, target: str | Path, *, step: int, world_size: i
         meta: free-form JSON stored under ``meta`` in the manifest.
         records: sizes and hashes the writers computed (gathered from all ranks); files not
             listed are hashed here.
+        accel_version: the writer's version recorded in the manifest (the caller passes it, so
+            this layer never imports the package root; defaults to accel's own).
 
     Returns:
         ``target`` as a Path.
@@ -220,7 +226,7 @@ def finalize(tmpdir: str | Path, target: str | Path, *, step: int, world_size: i
     if tmpdir.parent.resolve() != target.parent.resolve():
         raise ValueError(f"{tmpdir} and {target} must share a parent for an atomic rename")
     files = _file_records(tmpdir, records or {})
-    doc = _manifest_doc(files, step, world_size, meta)
+    doc = _manifest_doc(files, step, world_size, meta, accel_version)
     (tmpdir / MANIFEST).unlink(missing_ok=True)
     with HashingWriter(tmpdir / MANIFEST) as out:
         out.write(json.dumps(doc, indent=1, allow_nan=False).encode("utf-8"))
@@ -297,14 +303,15 @@ class CheckpointWriter:
         return {rel: future.result() for rel, future in self._pending.items()}
 
     def finalize(self, *, step: int, world_size: int, meta: Mapping[str, Any] | None = None,
-                 records: Mapping[str, FileRecord] | None = None) -> Path:
+                 records: Mapping[str, FileRecord] | None = None,
+                 accel_version: str = _ACCEL_VERSION) -> Path:
         """Rank 0: write the manifest and rename into place (``records``: other ranks' files)."""
         try:
             mine = self.wait()
         finally:
             self.close()
         return finalize(self.tmpdir, self.target, step=step, world_size=world_size, meta=meta,
-                        records={**(records or {}), **mine})
+                        records={**(records or {}), **mine}, accel_version=accel_version)
 
     def close(self) -> None:
         """Wait for the writing threads to finish and release them (ranks other than 0)."""

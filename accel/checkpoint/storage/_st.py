@@ -79,10 +79,11 @@ def plan(tensors: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str,
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     flat = tensor.cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]  # stubs lack __buffer__
 
 
-def _header(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str]) -> tuple[bytes, list[str]]:
+def _header(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str]
+            ) -> tuple[bytes, list[str]]:
     order = sorted(tensors, key=lambda n: -tensors[n].element_size())  # stable: keeps insertion
     offsets: dict[str, list[int]] = {}
     pos = 0
@@ -101,7 +102,8 @@ def _header(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str]) -> tu
     return len(raw).to_bytes(8, "little") + raw, order
 
 
-def write(sink: _Sink, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
+def write(sink: _Sink, tensors: Mapping[str, Any],
+          metadata: Mapping[str, str] | None = None) -> None:
     """Serialise ``tensors`` (with tied-weight aliases) as safetensors into ``sink``."""
     stored, aliases = plan(tensors)
     meta = {"format": "pt", **(metadata or {})}

@@ -1,7 +1,7 @@
 """The one error type of the checkpoint layer.
 
 Example:
-    >>> from accel.checkpoint.errors import CheckpointError
+    >>> from accel.checkpoint.storage.errors import CheckpointError
     >>> str(CheckpointError("ckpt/model.safetensors is missing", path="ckpt/model.safetensors"))
     'ckpt/model.safetensors is missing'
 """

@@ -6,7 +6,7 @@ manifest, and only then parsed with safetensors or JSON rules. Nothing here unpi
 Example:
     >>> import tempfile, torch
     >>> from pathlib import Path
-    >>> from accel.checkpoint.format import CheckpointWriter
+    >>> from accel.checkpoint.storage.format import CheckpointWriter
     >>> w = CheckpointWriter(Path(tempfile.mkdtemp()) / "ckpt")
     >>> _ = w.write_state("scheduler", {"last_epoch": 3, "base_lrs": [0.1]})
     >>> ckpt = w.finalize(step=3, world_size=1)
@@ -31,8 +31,8 @@ from .codec import decode
 from .errors import CheckpointError
 from .format import FORMAT_VERSION, MANIFEST, STATE_FORMAT, check_relpath
 
-__all__ = ["CheckpointReader", "Manifest", "is_complete", "load_component", "load_json", "load_tensors",
-           "read_manifest", "read_state", "verify"]
+__all__ = ["CheckpointReader", "Manifest", "is_complete", "load_component", "load_json",
+           "load_tensors", "read_manifest", "read_state", "verify"]
 
 _MAX_MANIFEST = 64 << 20
 
@@ -180,7 +180,7 @@ class CheckpointReader:
 
     Example:
         >>> import tempfile, torch
-        >>> from accel.checkpoint.format import CheckpointWriter
+        >>> from accel.checkpoint.storage.format import CheckpointWriter
         >>> w = CheckpointWriter(Path(tempfile.mkdtemp()) / "ckpt")
         >>> w.write_tensors("model.safetensors", {"w": torch.ones(2)})
         >>> ckpt = w.finalize(step=0, world_size=1)
@@ -205,7 +205,8 @@ class CheckpointReader:
     def _expand(self, name: str) -> list[str]:
         if name in self.manifest.files:
             return [name]
-        return [rel for rel in (f"{name}.json", f"{name}.safetensors") if rel in self.manifest.files]
+        return [rel for rel in (f"{name}.json", f"{name}.safetensors")
+                if rel in self.manifest.files]
 
     def _buffer(self, relpath: str) -> Buffer:
         future = self._futures.pop(relpath, None)
@@ -238,7 +239,7 @@ class CheckpointReader:
         return bytes(self._buffer(relpath))
 
     def state(self, stem: str) -> Any:
-        """A state written by :func:`accel.checkpoint.format.write_state` (``<stem>.json``)."""
+        """A state written by :func:`.format.write_state` (``<stem>.json``)."""
         path = self.directory / f"{stem}.json"
         doc = self.json(f"{stem}.json")
         if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT or "state" not in doc:
@@ -281,7 +282,7 @@ def load_component(directory: str | Path, relpath: str, manifest: Manifest | Non
 
 
 def read_state(directory: str | Path, stem: str, manifest: Manifest | None = None) -> Any:
-    """Read back a component written by :func:`accel.checkpoint.format.write_state`.
+    """Read back a component written by :func:`accel.checkpoint.storage.format.write_state`.
 
     Raises:
         CheckpointError: naming the file when it is missing, corrupt or malformed.

@@ -79,7 +79,8 @@ def _clean_leftovers(root: Path, newest: int) -> list[Path]:
     return removed
 
 
-def rotate(root: str | Path, total_limit: int | None, keep: Iterable[str | Path] = ()) -> list[Path]:
+def rotate(root: str | Path, total_limit: int | None, keep: Iterable[str | Path] = ()
+           ) -> list[Path]:
     """Delete the oldest complete checkpoints so that at most ``total_limit`` remain.
 
     Never deletes the newest complete checkpoint, anything in ``keep`` (e.g. the one just

@@ -1,0 +1,46 @@
+"""What a training run saves and restores, and how every rank agrees on it.
+
+Layer L4. Depends only on a :class:`RunSnapshot` that the caller builds, the communicator
+(:class:`accel.distributed.Communicator`), :mod:`accel.rng` and
+:mod:`accel.checkpoint.storage`; it never calls back into the Accelerator. ``load_run`` returns
+a :class:`LoadedRun` that the caller applies to its own run state.
+
+Example:
+    >>> import tempfile, torch
+    >>> from accel.device import select_device
+    >>> from accel.distributed import Communicator, ProcessContext
+    >>> comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    >>> class PlainIO:
+    ...     def model_state_dict(self, model): return model.state_dict()
+    ...     def load_model_state_dict(self, model, state, strict):
+    ...         return model.load_state_dict(state, strict=strict)
+    >>> class NoScaler:
+    ...     def state_dict(self): return {}
+    ...     def load_state_dict(self, state): pass
+    >>> snap = RunSnapshot(models=(torch.nn.Linear(2, 2),), optimizers=(), schedulers=(),
+    ...                    loaders=(), custom=(), scaler=NoScaler(), model_io=PlainIO(),
+    ...                    device=select_device(cpu=True), accumulation_step=0,
+    ...                    accumulation_steps=1, sync_gradients=True, optimizer_steps=0,
+    ...                    loaded_dir=None)
+    >>> project = tempfile.mkdtemp()
+    >>> save_run(comm, snap, None, None, project, None).name
+    'checkpoint_0'
+    >>> load_run(comm, snap, None, project, strict=True).path.name
+    'checkpoint_0'
+"""
+
+from __future__ import annotations
+
+from .load import load_run
+from .save import save_run
+from .snapshot import (
+    LoadedRun,
+    ModelStateIO,
+    RunSnapshot,
+    Stateful,
+    check_registrable,
+    component_counts,
+)
+
+__all__ = ["LoadedRun", "ModelStateIO", "RunSnapshot", "Stateful", "check_registrable",
+           "component_counts", "load_run", "save_run"]

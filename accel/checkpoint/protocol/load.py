@@ -1,0 +1,225 @@
+"""``load_run``: every rank restores the same checkpoint, or every rank raises.
+
+Rank 0 resolves which checkpoint (``input_dir``, else the newest complete one under the
+project) and broadcasts it; each rank loads the shared components and its own RNG state and
+loader positions; the ranks' outcomes are gathered, so a failure on one rank raises on all of
+them, and ranks that read different checkpoints (no shared filesystem) are caught.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ... import rng
+from ...distributed import Communicator
+from ..storage import (
+    CheckpointError,
+    Manifest,
+    checkpoints_root,
+    latest_complete,
+    load_tensors,
+    read_manifest,
+    read_state,
+)
+from .snapshot import LoadedRun, ModelStateIO, RunSnapshot, Stateful, component_counts
+
+__all__ = ["load_run"]
+
+#: The stacklevel of a warning from _Loader.run that names the line calling the facade's
+#: load_state(): _Loader.warn, _Loader.run, _load_shared/_load_rank_state, _load_on_this_rank,
+#: load_run and the facade's method are the 6 frames above it.
+_RUN_DEPTH = 7
+
+
+def _check_counts(manifest: Manifest, snap: RunSnapshot) -> None:
+    """Components are matched by position: the same kinds and numbers must be prepared."""
+    saved, prepared = manifest.meta.get("counts"), component_counts(snap)
+    if not isinstance(saved, dict):
+        return  # written without counts: each component is still checked on its own
+    differ = {k: (saved.get(k), n) for k, n in prepared.items() if saved.get(k, n) != n}
+    if differ:
+        found = ", ".join(f"{k}: {old} saved, {new} prepared" for k, (old, new) in differ.items())
+        raise ValueError(f"the checkpoint does not match what this job prepared ({found}); "
+                         "prepare() and register_for_checkpointing() the same objects in the "
+                         "same order before load_state()")
+
+
+def _resolve_input(comm: Communicator, input_dir: str | Path | None,
+                   project_dir: str | Path | None, missing_ok: bool) -> Path | None:
+    choice: list[Any] = [None]
+    if comm.ctx.is_main_process:
+        if input_dir is not None:
+            choice = [str(input_dir)]
+        elif project_dir is None:
+            choice = [ValueError("load_state() without input_dir needs Accelerator(project_dir="
+                                 "...) to find <project_dir>/checkpoints/checkpoint_<n>")]
+        else:
+            found: Path | CheckpointError | None
+            try:
+                found = latest_complete(checkpoints_root(project_dir))
+            except OSError as exc:  # sent to every rank so that none waits in a collective
+                found = CheckpointError(f"cannot list {checkpoints_root(project_dir)}: {exc}")
+            choice = [found if isinstance(found, Exception) else str(found) if found
+                      else None if missing_ok else FileNotFoundError(
+                          f"no complete checkpoint under {checkpoints_root(project_dir)}; "
+                          "save_state() first, pass input_dir, or load_state(missing_ok=True) "
+                          "to start fresh")]
+    picked = comm.broadcast_object_list(choice)[0]
+    if isinstance(picked, Exception):
+        raise picked
+    return None if picked is None else Path(picked)
+
+
+class _Loader:
+    """Loads components; with strict=False problems become warnings on the affected rank."""
+
+    def __init__(self, path: Path, manifest: Manifest, strict: bool, rank: int) -> None:
+        self.path, self.manifest, self.strict, self.rank = path, manifest, strict, rank
+
+    def run(self, what: str, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except (CheckpointError, KeyError, IndexError, RuntimeError, ValueError, TypeError) as exc:
+            if self.strict:
+                if isinstance(exc, CheckpointError):
+                    raise
+                raise CheckpointError(f"loading {what} from {self.path} failed: {exc}; pass "
+                                      "strict=False to skip it with a warning",
+                                      path=self.path / what) from exc
+            self.warn(f"skipped {what}: {exc}", depth=_RUN_DEPTH)
+
+    def warn(self, message: str, depth: int) -> None:
+        """Warn on this rank; ``depth`` is the number of accel frames above the user's call."""
+        warnings.warn(f"rank {self.rank}: load_state({self.path}, strict=False): {message}",
+                      stacklevel=depth)
+
+    def state(self, stem: str) -> Any:
+        return read_state(self.path, stem, self.manifest)
+
+    def into(self, target: Stateful, stem: str) -> None:
+        target.load_state_dict(self.state(stem))
+
+    def model(self, index: int, model: nn.Module, io: ModelStateIO) -> None:
+        rel = f"model_{index}.safetensors"
+        result = io.load_model_state_dict(model, load_tensors(self.path, rel, self.manifest),
+                                          self.strict)
+        if result.missing_keys or result.unexpected_keys:
+            self.warn(f"{rel}: missing keys {result.missing_keys}, unexpected keys "
+                      f"{result.unexpected_keys}", depth=_RUN_DEPTH + 1)  # + self.model
+
+
+def _identity(manifest: Manifest) -> str:
+    """What makes two ranks' checkpoints the same one (paths may differ between nodes)."""
+    listing = sorted((rel, rec.size, rec.sha256) for rel, rec in manifest.files.items())
+    return hashlib.sha256(json.dumps(listing).encode("utf-8")).hexdigest()
+
+
+def _load_shared(ld: _Loader, snap: RunSnapshot) -> None:
+    """Components rank 0 wrote, loaded on every rank."""
+    ld.run("manifest.json", functools.partial(_check_counts, ld.manifest, snap))
+    for i, model in enumerate(snap.models):
+        ld.run(f"model_{i}.safetensors", functools.partial(ld.model, i, model, snap.model_io))
+    has_scaler = bool(snap.scaler.state_dict())
+    stems = [*(f"optimizer_{i}" for i in range(len(snap.optimizers))),
+             *(f"scheduler_{i}" for i in range(len(snap.schedulers))),
+             *(["scaler"] if has_scaler else []),
+             *(f"custom_{i}" for i in range(len(snap.custom)))]
+    targets = [*snap.optimizers, *snap.schedulers, *([snap.scaler] if has_scaler else []),
+               *snap.custom]
+    for stem, target in zip(stems, targets, strict=True):
+        ld.run(stem, functools.partial(ld.into, target, stem))
+
+
+def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
+                     is_main: bool) -> None:
+    """This rank's RNG state and loader positions (rank 0's positions if the world changed)."""
+    saved_world = ld.manifest.world_size
+    if saved_world != world and is_main:
+        change = (f"the RNG states of ranks {world}..{saved_world - 1} are dropped"
+                  if world < saved_world else
+                  f"ranks {saved_world}..{world - 1} are seeded deterministically from the step")
+        warnings.warn(
+            f"checkpoint {ld.path} was written by {saved_world} process(es), this job has "
+            f"{world}: model, optimizer, scheduler and registered state are loaded; {change}; "
+            "data loader positions are converted from rank 0's", stacklevel=_RUN_DEPTH - 2)
+    if rank < saved_world:  # this rank wrote RNG state: missing/corrupt is an error
+        ld.run(f"rank_{rank}/rng", lambda: rng.restore(ld.state(f"rank_{rank}/rng"),
+                                                       snap.device))
+    else:
+        rng.seed_everything(rng.rank_seed(ld.manifest.step, rank), snap.device)
+    if not snap.loaders:
+        return
+    source = rank if saved_world == world else 0
+
+    def loaders() -> None:
+        states = ld.state(f"rank_{source}/loaders")
+        if len(states) != len(snap.loaders):
+            raise ValueError(f"checkpoint has {len(states)} data loader state(s), "
+                             f"{len(snap.loaders)} loader(s) are prepared; prepare the same "
+                             "loaders in the same order before load_state()")
+        for loader, state in zip(snap.loaders, states, strict=True):
+            loader.load_state_dict(state)
+
+    ld.run(f"rank_{source}/loaders", loaders)
+
+
+def _load_on_this_rank(comm: Communicator, snap: RunSnapshot, path: Path, strict: bool
+                       ) -> tuple[LoadedRun | Exception, tuple[Any, ...]]:
+    """Load everything this rank needs; returns (result or own error, outcome to gather)."""
+    ctx = comm.ctx
+    try:
+        manifest = read_manifest(path)
+        _load_shared(_Loader(path, manifest, strict, ctx.rank), snap)
+        _load_rank_state(_Loader(path, manifest, strict, ctx.rank), snap, ctx.rank,
+                         ctx.world_size, ctx.is_main_process)
+        loaded = LoadedRun(path=path,
+                           accumulation_step=int(manifest.meta.get("accumulation_step", 0)),
+                           optimizer_steps=int(manifest.meta.get("optimizer_steps", 0)))
+        return loaded, ("ok", manifest.step, manifest.created, _identity(manifest))
+    except Exception as exc:  # reported to every rank by the caller, then re-raised on this one
+        return exc, ("error", f"{type(exc).__name__}: {exc}")
+
+
+def load_run(comm: Communicator, snap: RunSnapshot, input_dir: str | Path | None,
+             project_dir: str | Path | None, strict: bool = True, missing_ok: bool = False
+             ) -> LoadedRun | None:
+    """Restore ``snap``'s objects and this rank's RNG streams from a checkpoint, on every rank.
+
+    Without ``input_dir`` the newest complete checkpoint under ``project_dir`` is loaded (or,
+    with ``missing_ok``, None is returned when there is none). The objects in ``snap`` are
+    loaded in place; the returned :class:`LoadedRun` carries what the caller's run state must
+    take over (accumulation micro-step, optimizer steps, the loaded directory). A rank's failure
+    raises on every rank (no rank is left waiting); ranks check that they loaded the same
+    checkpoint. Warnings point at the caller of the function that calls this one.
+
+    Raises:
+        CheckpointError: a component is missing or corrupt (``strict``), a rank failed, or the
+            ranks saw different checkpoints.
+        FileNotFoundError: no complete checkpoint under ``project_dir`` and not ``missing_ok``.
+    """
+    path = _resolve_input(comm, input_dir, project_dir, missing_ok)
+    if path is None:
+        return None
+    loaded, mine = _load_on_this_rank(comm, snap, path, strict)
+    outcomes = comm.gather_object([mine])
+    if isinstance(loaded, Exception):
+        raise loaded
+    failed = [f"rank {r}: {o[1]}" for r, o in enumerate(outcomes) if o[0] == "error"]
+    if failed:
+        raise CheckpointError(f"load_state({path}) failed on another rank: " + "; ".join(failed),
+                              path=path)
+    if len(set(outcomes)) != 1:
+        seen = "; ".join(f"rank {r}: step {o[1]}, written {o[2]}, files {o[3][:12]}"
+                         for r, o in enumerate(outcomes))
+        raise CheckpointError(f"ranks loaded different checkpoints from {path} ({seen}); every "
+                              "rank must see the same checkpoint directory (shared filesystem)",
+                              path=path)
+    return loaded

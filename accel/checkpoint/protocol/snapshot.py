@@ -1,0 +1,117 @@
+"""What the protocol needs from a run: a frozen snapshot, built by the caller at each call.
+
+The protocol never reaches into the Accelerator: the facade (or any other front door) hands it a
+:class:`RunSnapshot` of what it prepared and registered, and applies the :class:`LoadedRun` that
+``load_run`` returns to its own run state.
+
+Example:
+    >>> import torch
+    >>> from accel.device import select_device
+    >>> class PlainIO:
+    ...     def model_state_dict(self, model): return model.state_dict()
+    ...     def load_model_state_dict(self, model, state, strict):
+    ...         return model.load_state_dict(state, strict=strict)
+    >>> class NoScaler:
+    ...     def state_dict(self): return {}
+    ...     def load_state_dict(self, state): pass
+    >>> snap = RunSnapshot(models=(torch.nn.Linear(2, 2),), optimizers=(), schedulers=(),
+    ...                    loaders=(), custom=(), scaler=NoScaler(), model_io=PlainIO(),
+    ...                    device=select_device(cpu=True), accumulation_step=0,
+    ...                    accumulation_steps=1, sync_gradients=True, optimizer_steps=0,
+    ...                    loaded_dir=None)
+    >>> component_counts(snap)["models"]
+    1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from ...device import Device
+
+__all__ = ["LoadedRun", "ModelStateIO", "RunSnapshot", "Stateful", "check_registrable",
+           "component_counts"]
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """An object whose state a checkpoint holds (optimizer, scheduler, loader, scaler, …)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
+
+
+class ModelStateIO(Protocol):
+    """How a model's full state is read and written; implemented by the strategy.
+
+    A sharded strategy (FSDP) gathers the full state here; the protocol only sees plain
+    ``{name: tensor}`` dicts and never unwraps a model itself.
+    """
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full state of ``model`` (as prepared); tensors may be on any device."""
+        ...
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+                              strict: bool) -> Any:
+        """Load ``state`` into ``model``; returns torch's ``_IncompatibleKeys`` or the like
+        (an object with ``missing_keys`` and ``unexpected_keys``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """Everything ``save_run``/``load_run`` touch, as the run holds it at the call.
+
+    Components are matched by position (``model_0``, ``optimizer_1``, …), so the same objects
+    must be passed, in the same order, when saving and when loading.
+    """
+
+    models: tuple[nn.Module, ...]  # as prepared (possibly wrapped); only used through model_io
+    optimizers: tuple[Stateful, ...]
+    schedulers: tuple[Stateful, ...]
+    loaders: tuple[Stateful, ...]
+    custom: tuple[Stateful, ...]  # register_for_checkpointing objects
+    scaler: Stateful  # precision state; state_dict() == {} means "none" (nothing written)
+    model_io: ModelStateIO
+    device: Device  # for the device's RNG state
+    accumulation_step: int
+    accumulation_steps: int  # micro-steps per group, for the mid-group warning
+    sync_gradients: bool
+    optimizer_steps: int
+    loaded_dir: Path | None  # the checkpoint loaded last: never rotated away
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """What ``load_run`` restored that lives in the caller's run state (it applies these)."""
+
+    path: Path
+    accumulation_step: int
+    optimizer_steps: int
+
+
+def check_registrable(obj: object) -> Stateful:
+    """``obj`` itself if it can be checkpointed (has ``state_dict`` and ``load_state_dict``).
+
+    Raises:
+        TypeError: it lacks one of them.
+    """
+    if not (callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))):
+        raise TypeError(f"{type(obj).__name__} has no state_dict()/load_state_dict(); "
+                        "only such objects can be registered for checkpointing")
+    return obj  # type: ignore[return-value]  # checked structurally above
+
+
+def component_counts(snap: RunSnapshot) -> dict[str, int]:
+    """How many components of each kind ``snap`` has (stored in the manifest, checked on load)."""
+    return {"models": len(snap.models), "optimizers": len(snap.optimizers),
+            "schedulers": len(snap.schedulers), "loaders": len(snap.loaders),
+            "custom": len(snap.custom)}
