@@ -68,7 +68,7 @@ ORDER: dict[str, float] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "utils":
 LAUNCH_MAY_IMPORT = {"accel", "accel.config", "accel.env", "accel._optional", "accel.logging",
                      "accel._parse"}
 #: The only modules that may read or write the process environment.
-ENV_READERS = ("accel/env/*", "accel/launch/*")
+ENV_READERS = ("accel/env/*",)
 ENV_NAMES = {"environ", "environb", "getenv", "putenv", "unsetenv"}
 
 
