@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..env import apply, error_file, worker_ranks
+from ..env import apply, cpu_count, error_file, worker_ranks
 from .core import (
     LOOPBACK,
     MULTI_NODE_RUN_ID,
@@ -144,7 +144,7 @@ def _raise_failure(exc: Any) -> None:
 
 def _rendezvous(master_addr: str, port: int | None, node_rank: int,
                 num_nodes: int) -> Rendezvous:
-    backend = default_backend(num_nodes)
+    backend = default_backend(num_nodes)  # never a single-node static: no free port needed
     chosen = port or default_port(backend, num_nodes, free_port=lambda: 0)
     if num_nodes > 1:
         warnings.warn(f"notebook_launcher: {exposed_port_warning(master_addr, chosen)}",
@@ -187,8 +187,6 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, spec:
 
 
 def _threads(nproc: int) -> int:
-    from ..env import cpu_count
-
     return default_threads(cpu_count(), nproc)
 
 
