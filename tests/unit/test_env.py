@@ -4,12 +4,33 @@ from __future__ import annotations
 
 import pytest
 
-from accel.env import (ACCEL_TABLE, ACCEL_VARIABLES, EnvSettings, LaunchEnvironmentError,
-                       LaunchInfo, accel_environment, agent_environment, agent_pid, apply,
-                       config_file_variable, config_home, cpu_count, cuda_visible_devices,
-                       detect_launch, error_file, expand_nodelist, formed_layout,
-                       gloo_socket_ifname, launch_setting_source, pjrt_device, read_settings,
-                       requested_layout, settings_environment, worker_environment, worker_ranks)
+from accel.env import (
+    ACCEL_TABLE,
+    ACCEL_VARIABLES,
+    EnvSettings,
+    LaunchEnvironmentError,
+    LaunchInfo,
+    accel_environment,
+    agent_environment,
+    agent_pid,
+    apply,
+    config_file_variable,
+    config_home,
+    cpu_count,
+    cuda_visible_devices,
+    detect_launch,
+    error_file,
+    expand_nodelist,
+    formed_layout,
+    gloo_socket_ifname,
+    launch_setting_source,
+    pjrt_device,
+    read_settings,
+    requested_layout,
+    settings_environment,
+    worker_environment,
+    worker_ranks,
+)
 from accel.env._base import current
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
