@@ -27,6 +27,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
+from ..env import agent_pid, error_file, formed_layout, requested_layout, worker_ranks
 from .procs import set_parent_death_signal
 from .report import user_traceback, write_error_file
 
@@ -64,10 +65,10 @@ def run_target(target: str, is_module: bool, args: Sequence[str]) -> None:
 
 
 def _record(exc: BaseException, code: int) -> None:
-    rank = os.environ.get("RANK", "?")
-    extra = {"rank": rank, "local_rank": os.environ.get("LOCAL_RANK", "?")}
+    rank, local_rank = worker_ranks()
+    extra = {"rank": rank, "local_rank": local_rank}
     text = user_traceback(exc, internal=(__file__,))
-    recorded = write_error_file(exc, os.environ.get("TORCHELASTIC_ERROR_FILE"), extra, text)
+    recorded = write_error_file(exc, error_file(), extra, text)
     sys.stdout.flush()
     if recorded:
         first = (str(exc).strip().splitlines() or [""])[0][:160]
@@ -93,15 +94,15 @@ class LaunchLayoutError(RuntimeError):
     """The machines of one job were started with different process or machine counts."""
 
 
-def check_layout(environ: Mapping[str, str]) -> None:
+def check_layout(environ: Mapping[str, str] | None = None) -> None:
     """Compare torchrun's world with what ``accel launch`` on this machine was asked for.
 
     torchrun sums the processes that each machine brings, so machines started with different
     ``-n``/``--num_machines`` silently form a job of an unexpected size (or wait forever).
+    ``environ`` defaults to this process's environment.
     """
-    expected = (environ.get("ACCEL_NUM_PROCESSES"), environ.get("ACCEL_NUM_MACHINES"))
-    actual = (environ.get("WORLD_SIZE"), environ.get("GROUP_WORLD_SIZE"))
-    if None in expected or None in actual or expected == actual:
+    expected, actual = requested_layout(environ), formed_layout(environ)
+    if expected is None or actual is None or expected == actual:
         return
     raise LaunchLayoutError(
         f"accel launch on this machine was started for {expected[0]} processes on "
@@ -123,15 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of a worker; returns the exit code."""
     whole_lines(sys.stdout, sys.stderr)
     target, is_module, args = _split(sys.argv[1:] if argv is None else argv)
-    agent = os.environ.get("ACCEL_AGENT_PID", "")
-    set_parent_death_signal(int(agent) if agent.isdigit() else None)
+    set_parent_death_signal(agent_pid())
     try:
-        check_layout(os.environ)
+        check_layout()
         run_target(target, is_module, args)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code in _SIGNAL_EXITS:  # e.g. Accelerator.on_signal's handler ran, then exited
-            print(f"[accel] rank {os.environ.get('RANK', '?')} stopped by "
+            print(f"[accel] rank {worker_ranks()[0]} stopped by "
                   f"{_SIGNAL_EXITS[code]} (exit code {code})", file=sys.stderr, flush=True)
         elif code != 0:
             _record(exc, code)

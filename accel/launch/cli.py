@@ -15,9 +15,11 @@ import argparse
 import os
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .._parse import parse_float, parse_int
+from . import core
 from .config_file import ConfigFile, default_config_path, read_config
 from .errors import CLIError
 
@@ -42,39 +44,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _positive(text: str) -> int:
-    return _bounded(text, 1)
+def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type``: argparse shows ``ArgumentTypeError``'s text (not ``ValueError``'s)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
 
 
-def _non_negative(text: str) -> int:
-    return _bounded(text, 0)
-
-
-def _bounded(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = _non_negative(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value
+# The name is "": argparse prefixes the flag ("argument -n/--num_processes: must be ...").
+_positive = _argument(lambda text: parse_int(text, "", minimum=1))
+_non_negative = _argument(lambda text: parse_int(text, "", minimum=0))
+_port = _argument(lambda text: parse_int(text, "", minimum=0, maximum=65535, what="a port"))
+_seconds = _argument(lambda text: parse_float(text, "", above=0, what="a number of seconds"))
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, *extra: str, **kwargs: Any) -> None:
@@ -180,12 +164,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _gpu_count() -> int:
-    from ..device.cuda import CUDADevice  # imports torch: only after parsing
-
-    return CUDADevice.count()
-
-
 def _launch(args: argparse.Namespace) -> int:
     from ..env import cpu_count
     from .settings import resolve_settings, settings_table
@@ -199,7 +177,7 @@ def _launch(args: argparse.Namespace) -> int:
                        "Python file, or -m package.module for a module")
     config, config_note = _locate_config(args.config_file)
     flags = {key: value for key, value in vars(args).items() if key != "command"}
-    settings = resolve_settings(flags, os.environ, config, gpu_count=_gpu_count,
+    settings = resolve_settings(flags, None, config, gpu_count=core.gpu_count,
                                 cpu_count=cpu_count(), run_id=uuid.uuid4().hex,
                                 is_local_address=_is_local_address, free_port=_free_port)
     if config is not None and config.ignored:
@@ -213,7 +191,7 @@ def _launch(args: argparse.Namespace) -> int:
     if settings.num_machines > 1:
         from .preflight import preflight
 
-        env.update(preflight(settings, os.environ))
+        env.update(preflight(settings, None))
     return run_torchrun(build_torchrun_argv(settings), env, settings.debug)
 
 

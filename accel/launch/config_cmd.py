@@ -15,6 +15,8 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._parse import parse_bool, parse_choice, parse_gpu_ids, parse_int
+from . import core
 from .config_file import config_to_yaml_dict, default_config_path, write_config
 from .errors import CLIError
 
@@ -41,47 +43,31 @@ def _ask(ask: Callable[[str], str], question: str, default: Any,
     raise CLIError(f"no valid answer for {question!r} after {_ATTEMPTS} attempts")
 
 
+#: The subject of the validators' messages, printed before "; please try again".
+_ANSWER = "the answer"
+
+
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low or (high is not None and value > high):
-            bound = f">= {low}" if high is None else f"between {low} and {high}"
-            raise ValueError(f"expected an integer {bound}, got {text!r}")
-        return value
-    return parse
+    return lambda text: parse_int(text, _ANSWER, minimum=low, maximum=high)
 
 
 def _yes_no(text: str) -> bool:
-    key = text.lower()
-    if key in ("y", "yes", "true", "1"):
-        return True
-    if key in ("n", "no", "false", "0"):
-        return False
-    raise ValueError(f"expected yes or no, got {text!r}")
+    short = {"y": "yes", "n": "no"}.get(text.strip().lower(), text)  # as terminals ask
+    return parse_bool(short, _ANSWER, hint="answer yes or no")
 
 
 def _one_of(choices: Sequence[str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text.lower() not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
-        return text.lower()
-    return parse
+    return lambda text: parse_choice(text, _ANSWER, choices)
 
 
 def _gpu_ids(per_machine: int) -> Callable[[str], str | None]:
     def parse(text: str) -> str | None:
-        if text.lower() == "all":
-            return None
-        items = [item.strip() for item in text.split(",") if item.strip()]
-        if not items or not all(item.isdigit() for item in items):
-            raise ValueError(f"expected GPU indices such as 0,1 or 'all', got {text!r}")
-        if len(items) < per_machine:
+        ids = parse_gpu_ids(text, _ANSWER)
+        count = len(ids.split(",")) if ids else per_machine  # "all": every visible GPU
+        if count < per_machine:
             raise ValueError(f"{per_machine} processes per machine need at least {per_machine} "
-                             f"GPU ids, got {len(items)}")
-        return ",".join(items)
+                             f"GPU ids, got {count}")
+        return ids
     return parse
 
 
@@ -123,18 +109,16 @@ def default_values(gpu_count: int, mixed_precision: str = "no") -> dict[str, Any
 
 def run_config(args: argparse.Namespace) -> int:
     """``accel config [default]``."""
-    from .cli import _gpu_count
-
     path = args.config_file or default_config_path()[0]
     if args.action == "default":
         from pathlib import Path
 
         if Path(path).exists() and not args.force:
             raise CLIError(f"{path} already exists; pass --force to overwrite it")
-        data = default_values(_gpu_count(), args.mixed_precision or "no")
+        data = default_values(core.gpu_count(), args.mixed_precision or "no")
     else:
         print(f"accel config: answers go to {path} (press Enter for the [default])")
-        data = ask_config(input, _gpu_count())
+        data = ask_config(input, core.gpu_count())
     written = write_config(path, data)
     print(f"accel config: wrote {written}")
     return 0

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .._optional import require
+from ..env import config_file_variable, config_home
 from .errors import CLIError
 
 __all__ = [
@@ -85,8 +86,7 @@ class ConfigFile:
 
 def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CONFIG_HOME/accel/default_config.yaml`` or ``~/.config/accel/default_config.yaml``."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    base = config_home(environ) or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "accel" / FILE_NAME
 
 
@@ -97,10 +97,10 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> tuple[Path,
         >>> default_config_path({"ACCEL_CONFIG_FILE": "/tmp/a.yaml"})
         (PosixPath('/tmp/a.yaml'), 'env ACCEL_CONFIG_FILE')
     """
-    env = os.environ if environ is None else environ
-    if env.get("ACCEL_CONFIG_FILE"):
-        return Path(env["ACCEL_CONFIG_FILE"]).expanduser(), "env ACCEL_CONFIG_FILE"
-    return user_config_path(env), "default location"
+    explicit = config_file_variable(environ)
+    if explicit:
+        return Path(explicit).expanduser(), "env ACCEL_CONFIG_FILE"
+    return user_config_path(environ), "default location"
 
 
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:

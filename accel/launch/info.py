@@ -7,7 +7,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from importlib import metadata
@@ -31,7 +30,7 @@ def _devices() -> list[str]:
     from ..device.cuda import CUDADevice
     from ..device.mps import MPSDevice
     from ..device.xla import XLADevice
-    from ..env import LaunchEnvironmentError, detect_launch, read_settings
+    from ..env import LaunchEnvironmentError, detect_launch, pjrt_device, read_settings
 
     count = CUDADevice.count()
     names = ", ".join(CUDADevice.names()) if count else "-"
@@ -39,7 +38,7 @@ def _devices() -> list[str]:
              f"CUDA GPUs visible: {count} ({names})",
              f"MPS available: {MPSDevice.available()}",
              f"XLA available: {XLADevice.available()} (torch_xla {_version('torch_xla')}, "
-             f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE', 'unset')})"]
+             f"PJRT_DEVICE={pjrt_device() or 'unset'})"]
     try:
         info = detect_launch()
         device = select_device(settings=read_settings())
@@ -72,7 +71,7 @@ def _config_lines() -> list[str]:
 def env_report() -> str:
     """The ``accel env`` text: versions, devices, launcher environment, config file."""
     from .. import __version__
-    from ..env import ACCEL_VARIABLES, cpu_count
+    from ..env import accel_environment, cpu_count
 
     lines = [f"accel: {__version__}",
              f"Python: {platform.python_version()} ({sys.executable})",
@@ -81,7 +80,7 @@ def env_report() -> str:
              f"PyYAML: {_version('PyYAML')}",
              f"CPU cores usable: {cpu_count()}"]
     lines += _devices()
-    accel_vars = [f"{name}={os.environ[name]}" for name in ACCEL_VARIABLES if name in os.environ]
+    accel_vars = [f"{name}={value}" for name, value in accel_environment().items()]
     lines.append(f"ACCEL_* variables: {', '.join(accel_vars) if accel_vars else 'none set'}")
     lines += _config_lines()
     return "\n".join(f"- {line}" if not line.startswith("  ") else line for line in lines)

@@ -33,9 +33,21 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..env import apply, cpu_count, error_file, worker_ranks
+from .core import (
+    LOOPBACK,
+    MULTI_NODE_RUN_ID,
+    Rendezvous,
+    WorkerSpec,
+    accel_extra,
+    default_backend,
+    default_port,
+    default_threads,
+    exposed_port_warning,
+    extract_failures,
+)
 from .procs import set_parent_death_signal
-from .report import Failure, failure_from_error_data, root_failure, user_traceback, \
-    write_error_file
+from .report import root_failure, user_traceback, write_error_file
 
 __all__ = ["WorkerFailedError", "debug_launcher", "notebook_launcher"]
 
@@ -58,7 +70,7 @@ class RemoteTraceback(Exception):
 def _worker(function: Callable[..., Any], env: Mapping[str, str], parent: int | None,
             *args: Any) -> Any:
     """Runs in each forked worker: set the environment, call ``function``, record failures."""
-    os.environ.update(env)
+    apply(env)
     if parent is not None:
         set_parent_death_signal(parent)
     threads = env.get("OMP_NUM_THREADS")
@@ -72,9 +84,8 @@ def _worker(function: Callable[..., Any], env: Mapping[str, str], parent: int | 
             payload = base64.b64encode(pickle.dumps(exc)).decode()
         except Exception as pickle_error:  # noqa: BLE001 - unpicklable: traceback text only
             payload = f"!{type(pickle_error).__name__}: {pickle_error}"
-        extra = {"rank": os.environ.get("RANK", "?"), "exception": payload}
-        write_error_file(exc, os.environ.get("TORCHELASTIC_ERROR_FILE"), extra,
-                         user_traceback(exc, internal=(__file__,)))
+        extra = {"rank": worker_ranks()[0], "exception": payload}
+        write_error_file(exc, error_file(), extra, user_traceback(exc, internal=(__file__,)))
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(1) from None  # SystemExit: torchelastic's @record keeps our error file
@@ -111,25 +122,17 @@ def _check_parent(cuda: bool = True) -> None:
 
 
 def _raise_failure(exc: Any) -> None:
-    failures: list[Failure] = []
-    payloads: dict[int, str] = {}
-    for rank, failure in exc.failures.items():
-        data = failure.error_file_data if isinstance(failure.error_file_data, Mapping) else None
-        failures.append(failure_from_error_data(int(rank), int(failure.local_rank),
-                                                int(failure.pid), int(failure.exitcode),
-                                                data, 0))
-        info = ((data or {}).get("message") or {})
-        extra = info.get("extraInfo", {}).get("accel", {}) if isinstance(info, dict) else {}
-        if isinstance(extra.get("exception"), str):
-            payloads[int(rank)] = extra["exception"]
+    failures = extract_failures(exc.failures)
+    payloads = {int(rank): accel_extra(failure.error_file_data).get("exception")
+                for rank, failure in exc.failures.items()}
     root = root_failure(failures)
     others = "; ".join(f.summary() for f in failures if f is not root)
     where = f"rank {root.rank} (pid {root.pid}, host {root.host})"
     note = f"raised in notebook_launcher worker {where}" + \
         (f"; other ranks: {others}" if others else "")
-    payload = payloads.get(root.rank, "!")
+    payload = payloads.get(root.rank)
     original: BaseException | None = None
-    if not payload.startswith("!"):
+    if isinstance(payload, str) and not payload.startswith("!"):
         original = pickle.loads(base64.b64decode(payload))  # written by our own worker
     if root.traceback is None or original is None:
         text = root.traceback or root.message
@@ -139,22 +142,28 @@ def _raise_failure(exc: Any) -> None:
     raise original from RemoteTraceback(header + root.traceback)
 
 
-def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, env: dict[str, str],
+def _rendezvous(master_addr: str, port: int | None, node_rank: int,
+                num_nodes: int) -> Rendezvous:
+    backend = default_backend(num_nodes)  # never a single-node static: no free port needed
+    chosen = port or default_port(backend, num_nodes, free_port=lambda: 0)
+    if num_nodes > 1:
+        warnings.warn(f"notebook_launcher: {exposed_port_warning(master_addr, chosen)}",
+                      stacklevel=4)
+    run_id = MULTI_NODE_RUN_ID if num_nodes > 1 else uuid.uuid4().hex
+    return Rendezvous(backend, master_addr, chosen, run_id, num_nodes=num_nodes,
+                      node_rank=node_rank)
+
+
+def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, spec: WorkerSpec,
             *, master_addr: str, port: int | None, node_rank: int, num_nodes: int,
             max_restarts: int, monitor_interval: float) -> Any:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    if num_nodes > 1:
-        rdzv = {"rdzv_backend": "static", "rdzv_endpoint": f"{master_addr}:{port or 29500}",
-                "rdzv_configs": {"rank": node_rank}}
-        warnings.warn(f"notebook_launcher: the rendezvous port {master_addr}:{port or 29500} is "
-                      "unauthenticated; keep it on a private network", stacklevel=3)
-    else:
-        rdzv = {"rdzv_backend": "c10d", "rdzv_endpoint": f"{master_addr}:{port or 0}"}
-    config = LaunchConfig(min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=nproc,
-                          run_id=uuid.uuid4().hex, role="notebook", max_restarts=max_restarts,
-                          monitor_interval=monitor_interval, start_method="fork", **rdzv)
+    rdzv = _rendezvous(master_addr, port, node_rank, num_nodes)
+    config = LaunchConfig(nproc_per_node=nproc, role="notebook", max_restarts=max_restarts,
+                          monitor_interval=monitor_interval, start_method="fork",
+                          **rdzv.launch_config())
     main_thread = threading.current_thread() is threading.main_thread()
     parent = os.getpid() if main_thread else None  # PDEATHSIG follows the forking thread
     saved = {name: signal.getsignal(getattr(signal, name)) for name in _AGENT_SIGNALS
@@ -165,11 +174,11 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, env: 
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        results = elastic_launch(config, _worker)(function, env, parent, *args)
+        results = elastic_launch(config, _worker)(function, spec.environment(), parent, *args)
     except ChildFailedError as exc:
         _raise_failure(exc)
     finally:
-        for logger, level in zip(loggers, levels):
+        for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
         for name, handler in saved.items():  # the agent replaced the kernel's handlers
             if handler is not None:
@@ -177,10 +186,8 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, env: 
     return results.get(0)
 
 
-def _threads(nproc: int) -> str:
-    from ..env import cpu_count
-
-    return str(max(1, cpu_count() // nproc))
+def _threads(nproc: int) -> int:
+    return default_threads(cpu_count(), nproc)
 
 
 def notebook_launcher(
@@ -233,13 +240,10 @@ def notebook_launcher(
     if gpus and nproc > pool:
         raise ValueError(f"num_processes={nproc} but only {pool} GPU(s) are visible; pass "
                          f"num_processes={pool} or fewer (or use debug_launcher for CPU runs)")
-    env = {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cuda" if gpus else "cpu",
-           "OMP_NUM_THREADS": _threads(nproc), "ACCEL_NUM_THREADS": _threads(nproc)}
-    if precision != "no":
-        env["ACCEL_MIXED_PRECISION"] = precision
-    if ids:
-        env["CUDA_VISIBLE_DEVICES"] = ids
-    return _launch(function, args, nproc, env, master_addr=master_addr, port=use_port,
+    spec = WorkerSpec(device="cuda" if gpus else "cpu", num_threads=_threads(nproc),
+                      mixed_precision=precision if precision != "no" else None,
+                      cuda_visible_devices=ids or None)
+    return _launch(function, args, nproc, spec, master_addr=master_addr, port=use_port,
                    node_rank=node_rank, num_nodes=num_nodes, max_restarts=max_restarts,
                    monitor_interval=monitor_interval)
 
@@ -255,8 +259,7 @@ def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (),
     if num_processes < 1:
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     _check_parent(cuda=False)  # the workers are CPU-only: CUDA state in the parent is harmless
-    env = {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "OMP_NUM_THREADS": _threads(num_processes),
-           "ACCEL_NUM_THREADS": _threads(num_processes)}
-    return _launch(function, args, num_processes, env, master_addr="127.0.0.1", port=None,
+    spec = WorkerSpec(device="cpu", num_threads=_threads(num_processes),
+                      cuda_visible_devices="")  # hidden: the workers are CPU processes
+    return _launch(function, args, num_processes, spec, master_addr=LOOPBACK, port=None,
                    node_rank=0, num_nodes=1, max_restarts=0, monitor_interval=0.1)

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TextIO
 
+from .._parse import parse_float
+from ..env import gloo_socket_ifname
 from .errors import CLIError
 from .settings import LaunchSettings
 
@@ -151,19 +153,18 @@ def connect_seconds(rdzv_conf: str) -> float:
         key, _, value = item.partition("=")
         if key.strip() == "join_timeout":
             try:
-                seconds = float(value)
+                return parse_float(value, "join_timeout", above=0)
             except ValueError:
-                seconds = -1.0
-            if seconds <= 0:
                 raise CLIError(f"--rdzv_conf join_timeout={value.strip()!r} must be a number of "
-                               "seconds > 0")
-            return seconds
+                               "seconds > 0") from None
     return DEFAULT_CONNECT_SECONDS
 
 
-def preflight(settings: LaunchSettings, environ: Mapping[str, str],
+def preflight(settings: LaunchSettings, environ: Mapping[str, str] | None = None,
               out: TextIO = sys.stderr) -> dict[str, str]:
     """Check a multi-node start-up; returns environment additions for the workers.
+
+    ``environ`` is the launcher's environment (None: this process's).
 
     Machines other than rank 0 wait for machine rank 0's port for ``--rdzv_conf
     join_timeout=S`` seconds (default 120).
@@ -186,12 +187,12 @@ def preflight(settings: LaunchSettings, environ: Mapping[str, str],
         _register(s, ip, deadline)
         note = f"machine rank 0 at {shown}:{s.main_process_port} reached from {local}"
     env: dict[str, str] = {}
-    interface = interface_of(local)
-    if interface and not environ.get("GLOO_SOCKET_IFNAME"):
+    interface, yours = interface_of(local), gloo_socket_ifname(environ)
+    if interface and not yours:
         env["GLOO_SOCKET_IFNAME"] = interface
         note += f"; gloo uses interface {interface}"
-    elif environ.get("GLOO_SOCKET_IFNAME"):
-        note += f"; gloo uses GLOO_SOCKET_IFNAME={environ['GLOO_SOCKET_IFNAME']} (yours)"
+    elif yours:
+        note += f"; gloo uses GLOO_SOCKET_IFNAME={yours} (yours)"
     print(f"accel launch: machine {s.machine_rank} of {s.num_machines}: {note}",
           file=out, flush=True)
     return env

@@ -36,9 +36,10 @@ def _ddp_step(comm: object, rank: int) -> None:
     torch.nn.functional.mse_loss(reference(x), y).backward()
     local = [p.grad for p in reference.parameters()]
     expected = comm.reduce(local, "mean")  # type: ignore[attr-defined]
-    for got, want in zip([p.grad for p in model.parameters()], expected):
-        if not torch.allclose(got, want, atol=1e-6):
-            raise AssertionError(f"DDP gradient {got.tolist()} != mean of ranks {want.tolist()}")
+    for got, want in zip([p.grad for p in model.parameters()], expected, strict=True):
+        if got is None or not torch.allclose(got, want, atol=1e-6):
+            shown = None if got is None else got.tolist()
+            raise AssertionError(f"DDP gradient {shown} != mean of ranks {want.tolist()}")
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     everyone = comm.gather(flat.unsqueeze(0))  # type: ignore[attr-defined]

@@ -20,26 +20,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._parse import parse_bool, parse_choice, parse_float, parse_gpu_ids, parse_int
 from ..config import parse_mixed_precision
-from ..env import cuda_visible_devices
+from ..env import cuda_visible_devices, launch_setting_source
 from .config_file import ConfigFile
+from .core import (
+    LOOPBACK,
+    MULTI_NODE_RUN_ID,
+    default_backend,
+    default_port,
+    default_threads,
+    exposed_port_warning,
+)
 from .errors import CLIError
 
 __all__ = ["LOOPBACK", "LaunchSettings", "resolve_settings", "settings_table"]
 
-LOOPBACK = "127.0.0.1"
-
-#: Environment variables read for a setting (first set one wins), after flags, before config.
-ENV_SOURCES: dict[str, tuple[str, ...]] = {
-    "device": ("ACCEL_DEVICE",),
-    "mixed_precision": ("ACCEL_MIXED_PRECISION",),
-    "gradient_accumulation_steps": ("ACCEL_GRADIENT_ACCUMULATION_STEPS",),
-    "debug": ("ACCEL_DEBUG",),
-    "num_cpu_threads_per_process": ("ACCEL_NUM_THREADS", "OMP_NUM_THREADS"),
-}
 _DEVICES = ("cpu", "cuda", "xla", "mps")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
+#: A parser of one setting: (raw value, what to call it in errors) -> value; raises ValueError.
+_Parse = Callable[[Any, str], Any]
 
 
 @dataclass(frozen=True)
@@ -83,44 +82,29 @@ class LaunchSettings:
         return not self.sources.get(name, "default").startswith(("default", "detected"))
 
 
-def _int(value: Any, what: str, minimum: int, maximum: int | None = None) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = None
-    if number is None or isinstance(value, bool) or number < minimum or (
-            maximum is not None and number > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise CLIError(f"{what} must be an integer {bound}, got {value!r}")
-    return number
+def _int(minimum: int, maximum: int | None = None) -> _Parse:
+    return lambda value, what: parse_int(value, what, minimum=minimum, maximum=maximum)
 
 
-def _float(value: Any, what: str) -> float:
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        number = -1.0
-    if number <= 0 or isinstance(value, bool):
-        raise CLIError(f"{what} must be a number of seconds > 0, got {value!r}")
-    return number
+def _seconds(value: Any, name: str) -> float:
+    return parse_float(value, name, above=0, what="a number of seconds")
 
 
 def _bool(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE or text in _FALSE:
-        return text in _TRUE
-    raise CLIError(f"{what} must be true/false (or 1/0), got {value!r}")
+    return parse_bool(value, what, empty=False)
 
 
-def _device(value: Any, what: str) -> str:
-    key = str(value).strip().lower().split(":")[0]
-    key = "cuda" if key == "gpu" else key
-    if key not in _DEVICES:
-        raise CLIError(f"{what}={value!r} is not a device kind; expected one of "
-                       f"{', '.join(_DEVICES)}")
-    return key
+def _text(value: Any, what: str) -> str:
+    return str(value)
+
+
+def _stripped(value: Any, what: str) -> str:
+    return str(value).strip()
+
+
+def _device(value: Any, name: str) -> str:
+    kind = str(value).split(":")[0]  # "cuda:1" names the kind cuda
+    return parse_choice(kind, name, _DEVICES, aliases={"gpu": "cuda"}, what="a device kind")
 
 
 def _precision(value: Any, what: str) -> str:
@@ -131,30 +115,23 @@ def _precision(value: Any, what: str) -> str:
                        "bf16") from None
 
 
-def _gpu_ids(value: Any, what: str) -> str:
-    items = [item.strip() for item in str(value).split(",") if item.strip()]
-    if not items or not all(item.isdigit() for item in items):
-        raise CLIError(f"{what} must be comma-separated GPU indices such as 0,1 (or 'all'), got "
-                       f"{value!r}")
-    return ",".join(items)
-
-
 class _Sources:
     """Looks a setting up in flags, then environment, then config file; records the source."""
 
-    def __init__(self, flags: Mapping[str, Any], environ: Mapping[str, str],
+    def __init__(self, flags: Mapping[str, Any], environ: Mapping[str, str] | None,
                  config: ConfigFile | None) -> None:
         self.flags, self.environ, self.config = flags, environ, config
         self.sources: dict[str, str] = {}
 
-    def get(self, name: str, parse: Callable[[Any, str], Any], default: Any,
+    def get(self, name: str, parse: _Parse, default: Any,
             default_source: str = "default") -> Any:
         flag = f"--{name}" if name != "device" else "--cpu"
         if self.flags.get(name) is not None:
             return self._take(name, parse, self.flags[name], f"flag {flag}", flag)
-        for var in ENV_SOURCES.get(name, ()):
-            if self.environ.get(var, "") != "":
-                return self._take(name, parse, self.environ[var], f"env {var}", var)
+        found = launch_setting_source(name, self.environ)
+        if found is not None:
+            var, raw = found
+            return self._take(name, parse, raw, f"env {var}", var)
         if self.config is not None and name in self.config.values:
             where = f"config {self.config.path}"
             return self._take(name, parse, self.config.values[name], where,
@@ -162,10 +139,12 @@ class _Sources:
         self.sources[name] = default_source
         return default
 
-    def _take(self, name: str, parse: Callable[[Any, str], Any], raw: Any, source: str,
-              what: str) -> Any:
+    def _take(self, name: str, parse: _Parse, raw: Any, source: str, what: str) -> Any:
         self.sources[name] = source
-        return parse(raw, what)
+        try:
+            return parse(raw, what)
+        except ValueError as exc:  # the validators' errors are the command line's
+            raise CLIError(str(exc)) from None
 
 
 def _machines(src: _Sources, flags: Mapping[str, Any],
@@ -173,9 +152,9 @@ def _machines(src: _Sources, flags: Mapping[str, Any],
     """(num_machines, machine_rank, main_process_ip), with Paddle-style ``--ips`` sugar."""
     ips = [ip.strip() for ip in str(flags.get("ips") or "").split(",") if ip.strip()]
     if not ips:
-        machines = src.get("num_machines", lambda v, w: _int(v, w, 1), 1)
-        rank = src.get("machine_rank", lambda v, w: _int(v, w, 0), 0)
-        ip = src.get("main_process_ip", lambda v, w: str(v).strip(), None)
+        machines = src.get("num_machines", _int(1), 1)
+        rank = src.get("machine_rank", _int(0), 0)
+        ip = src.get("main_process_ip", _stripped, None)
         return machines, rank, ip
     local = [index for index, ip in enumerate(ips) if is_local(ip)]
     if not local:
@@ -198,7 +177,7 @@ def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
         default, why = pool * machines, f"detected ({pool} GPU(s) per machine)"
     else:
         default, why = machines, "default (1 per machine; pass -n N for more)"
-    total = src.get("num_processes", lambda v, w: _int(v, w, 1), default, why)
+    total = src.get("num_processes", _int(1), default, why)
     if total % machines:
         raise CLIError(f"--num_processes {total} is the total over {machines} machines and must "
                        f"be a multiple of {machines}")
@@ -213,9 +192,10 @@ def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
     return total
 
 
-def _visible_for_workers(gpu_ids: str | None, environ: Mapping[str, str],
+def _visible_for_workers(gpu_ids: str | None, environ: Mapping[str, str] | None,
                          gpus: Callable[[], int]) -> str | None:
-    """``--gpu_ids`` index the GPUs this launcher sees; map them through its CUDA_VISIBLE_DEVICES."""
+    """``--gpu_ids`` index the GPUs this launcher sees: map them through its
+    ``CUDA_VISIBLE_DEVICES``."""
     if not gpu_ids:
         return None
     ids = [int(item) for item in gpu_ids.split(",")]
@@ -237,7 +217,7 @@ def _device_and_gpu_ids(src: _Sources, gpus: Callable[[], int],
     elif device == "cuda" and gpus() == 0:
         raise CLIError(f"device cuda was requested ({src.sources['device']}) but no GPU is "
                        "visible; check the driver and CUDA_VISIBLE_DEVICES, or use --cpu")
-    gpu_ids = src.get("gpu_ids", _gpu_ids, None)
+    gpu_ids = src.get("gpu_ids", parse_gpu_ids, None)
     if gpu_ids and device != "cuda":
         warnings.append(f"gpu_ids {gpu_ids} ({src.sources['gpu_ids']}) is ignored: the device "
                         f"is {device}")
@@ -248,22 +228,21 @@ def _device_and_gpu_ids(src: _Sources, gpus: Callable[[], int],
 def _rendezvous(src: _Sources, machines: int, backend: str, ip: str | None, port: int | None,
                 free_port: Callable[[], int], warnings: list[str]) -> tuple[str, int]:
     if machines > 1:
-        missing = [name for name, value in (("--main_process_ip", ip),
-                                            ("--main_process_port", port)) if not value]
-        if missing:
+        if not ip or not port:
+            missing = [name for name, value in (("--main_process_ip", ip),
+                                                ("--main_process_port", port)) if not value]
             raise CLIError(f"a job on {machines} machines needs {' and '.join(missing)} (the "
                            "address and port of machine rank 0, the same on every machine)")
-        warnings.append(f"the rendezvous port {ip}:{port} is unauthenticated: anyone who can "
-                        "reach it can join or disrupt this job; keep it on a private network")
-        return str(ip), int(port)  # type: ignore[arg-type]
+        warnings.append(exposed_port_warning(ip, port))
+        return ip, port
     if port is None:
-        port = free_port() if backend == "static" else 0
+        port = default_port(backend, machines, free_port)
         src.sources["main_process_port"] = "default (a free port)"
     return ip or LOOPBACK, port
 
 
 def resolve_settings(
-    flags: Mapping[str, Any], environ: Mapping[str, str], config: ConfigFile | None, *,
+    flags: Mapping[str, Any], environ: Mapping[str, str] | None, config: ConfigFile | None, *,
     gpu_count: Callable[[], int], cpu_count: int, run_id: str,
     is_local_address: Callable[[str], bool] = lambda ip: False,
     free_port: Callable[[], int] = lambda: 0,
@@ -273,7 +252,8 @@ def resolve_settings(
     Args:
         flags: parsed command-line values; ``None`` means "not given". ``device`` is "cpu" when
             ``--cpu`` was passed. Also ``script``, ``module``, ``script_args``, ``ips``.
-        environ: the launcher's environment (read for ``ENV_SOURCES`` only).
+        environ: the launcher's environment (None: this process's), read through
+            ``accel.env`` for the variables its ``ACCEL_*`` table names as setting sources.
         config: the parsed config file, if one is used.
         gpu_count: visible GPUs; called only when the device may be CUDA.
         cpu_count: usable CPU cores (threads per process default to cores / processes).
@@ -290,15 +270,14 @@ def resolve_settings(
     machines, machine_rank, ip = _machines(src, flags, is_local_address)
     if machine_rank >= machines:
         raise CLIError(f"--machine_rank {machine_rank} must be < --num_machines {machines}")
-    port = src.get("main_process_port", lambda v, w: _int(v, w, 0, 65535), None)
+    port = src.get("main_process_port", _int(0, 65535), None)
     device, gpu_ids = _device_and_gpu_ids(src, gpus, warnings)
     visible = _visible_for_workers(gpu_ids, environ, gpus)
     total = _processes(src, device, gpu_ids, machines, gpus)
-    threads = src.get("num_cpu_threads_per_process", lambda v, w: _int(v, w, 1),
-                      max(1, cpu_count // (total // machines)),
+    threads = src.get("num_cpu_threads_per_process", _int(1),
+                      default_threads(cpu_count, total // machines),
                       f"default ({cpu_count} cores / {total // machines} processes)")
-    backend = src.get("rdzv_backend", lambda v, w: str(v).strip(),
-                      "static" if machines > 1 else "c10d")
+    backend = src.get("rdzv_backend", _stripped, default_backend(machines))
     ip, port = _rendezvous(src, machines, backend, ip, port, free_port, warnings)
     return LaunchSettings(
         script=str(flags["script"]), module=bool(flags.get("module")),
@@ -306,15 +285,14 @@ def resolve_settings(
         num_machines=machines, machine_rank=machine_rank, main_process_ip=ip,
         main_process_port=port, device=device, gpu_ids=gpu_ids, cuda_visible_devices=visible,
         mixed_precision=src.get("mixed_precision", _precision, "no"),
-        gradient_accumulation_steps=src.get("gradient_accumulation_steps",
-                                            lambda v, w: _int(v, w, 1), 1),
+        gradient_accumulation_steps=src.get("gradient_accumulation_steps", _int(1), 1),
         num_cpu_threads_per_process=threads,
-        max_restarts=src.get("max_restarts", lambda v, w: _int(v, w, 0), 0),
-        monitor_interval=src.get("monitor_interval", _float, 0.1),
-        rdzv_backend=backend, rdzv_conf=src.get("rdzv_conf", lambda v, w: str(v), ""),
-        rdzv_id=run_id if machines == 1 else "accel",
-        tee=src.get("tee", lambda v, w: str(v), None),
-        log_dir=src.get("log_dir", lambda v, w: str(v), None),
+        max_restarts=src.get("max_restarts", _int(0), 0),
+        monitor_interval=src.get("monitor_interval", _seconds, 0.1),
+        rdzv_backend=backend, rdzv_conf=src.get("rdzv_conf", _text, ""),
+        rdzv_id=run_id if machines == 1 else MULTI_NODE_RUN_ID,
+        tee=src.get("tee", _text, None),
+        log_dir=src.get("log_dir", _text, None),
         debug=src.get("debug", _bool, False),
         config_file=config.path if config is not None else None,
         python=str(flags.get("python") or sys.executable),

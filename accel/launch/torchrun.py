@@ -14,8 +14,9 @@ Example:
     >>> from accel.launch.settings import LaunchSettings
     >>> s = LaunchSettings(script="train.py", num_processes=2, device="cpu", rdzv_id="r1",
     ...                    python="python")
-    >>> build_torchrun_argv(s)[:8]
-    ['--nnodes', '1', '--nproc-per-node', '2', '--rdzv-backend', 'c10d', '--rdzv-endpoint', '127.0.0.1:0']
+    >>> build_torchrun_argv(s)[:8]  # doctest: +NORMALIZE_WHITESPACE
+    ['--nnodes', '1', '--nproc-per-node', '2', '--rdzv-backend', 'c10d',
+     '--rdzv-endpoint', '127.0.0.1:0']
 """
 
 from __future__ import annotations
@@ -23,21 +24,26 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from collections.abc import Mapping
-from typing import Any
+from types import FrameType
 
+from ..env import agent_environment, apply
+from .core import Rendezvous, WorkerSpec, extract_failures
 from .procs import become_subreaper, reap_children
-from .report import Failure, failure_from_error_data, format_failure_report, root_failure
+from .report import Failure, format_failure_report, root_failure
 from .settings import LaunchSettings
 
-__all__ = ["BOOTSTRAP_MODULE", "build_torchrun_argv", "run_torchrun", "worker_env"]
+__all__ = ["BOOTSTRAP_MODULE", "build_torchrun_argv", "rendezvous_of", "run_torchrun",
+           "worker_env", "worker_spec"]
 
 BOOTSTRAP_MODULE = "accel.launch.bootstrap"
 
 
-def _endpoint(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+def rendezvous_of(settings: LaunchSettings) -> Rendezvous:
+    """The rendezvous these settings resolved to."""
+    s = settings
+    return Rendezvous(s.rdzv_backend, s.main_process_ip, s.main_process_port, s.rdzv_id,
+                      num_nodes=s.num_machines, node_rank=s.machine_rank, conf=s.rdzv_conf)
 
 
 def build_torchrun_argv(settings: LaunchSettings) -> list[str]:
@@ -48,15 +54,7 @@ def build_torchrun_argv(settings: LaunchSettings) -> list[str]:
     """
     s = settings
     argv = ["--nnodes", str(s.num_machines), "--nproc-per-node", str(s.nproc_per_node)]
-    if s.rdzv_backend == "static":
-        argv += ["--rdzv-backend", "static", "--node-rank", str(s.machine_rank),
-                 "--master-addr", s.main_process_ip, "--master-port", str(s.main_process_port)]
-    else:
-        argv += ["--rdzv-backend", s.rdzv_backend,
-                 "--rdzv-endpoint", _endpoint(s.main_process_ip, s.main_process_port),
-                 "--rdzv-id", s.rdzv_id]
-    if s.rdzv_conf:
-        argv += ["--rdzv-conf", s.rdzv_conf]
+    argv += rendezvous_of(s).torchrun_args()
     argv += ["--max-restarts", str(s.max_restarts),
              "--monitor-interval", format(s.monitor_interval, "g")]
     if s.tee is not None:
@@ -68,48 +66,26 @@ def build_torchrun_argv(settings: LaunchSettings) -> list[str]:
     return argv + list(s.script_args)
 
 
-def worker_env(settings: LaunchSettings) -> dict[str, str]:
-    """``ACCEL_*`` (and thread/GPU) variables the workers inherit.
+def worker_spec(settings: LaunchSettings) -> WorkerSpec:
+    """What the workers of this launch are told.
 
-    ``ACCEL_DEVICE`` is always exported (the launcher chose the process count for it). Mixed
-    precision and accumulation steps are exported only when they came from a flag, the
-    environment or a config file, so that a worker's ``Accelerator(...)`` arguments never
-    disagree with a mere launcher default.
+    Mixed precision and accumulation steps are passed only when they came from a flag, the
+    environment or a config file (see ``WorkerSpec``).
     """
     s = settings
-    env = {"ACCEL_LAUNCHED": "1",
-           # what this machine was asked for; the bootstrap compares it with torchrun's world
-           "ACCEL_NUM_PROCESSES": str(s.num_processes),
-           "ACCEL_NUM_MACHINES": str(s.num_machines),
-           "OMP_NUM_THREADS": str(s.num_cpu_threads_per_process),
-           "ACCEL_NUM_THREADS": str(s.num_cpu_threads_per_process)}
-    env["ACCEL_DEVICE"] = s.device
-    if s.explicit("mixed_precision"):
-        env["ACCEL_MIXED_PRECISION"] = s.mixed_precision
-    if s.explicit("gradient_accumulation_steps"):
-        env["ACCEL_GRADIENT_ACCUMULATION_STEPS"] = str(s.gradient_accumulation_steps)
-    if s.debug:
-        env["ACCEL_DEBUG"] = "1"
-    if s.config_file:
-        env["ACCEL_CONFIG_FILE"] = os.path.abspath(s.config_file)
-    if s.cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = s.cuda_visible_devices
-    if s.max_restarts > 0 and s.rdzv_backend == "c10d":
-        # The c10d rendezvous shares the agent's store with the workers and keeps it across
-        # restarts, so a restarted worker can read a dead peer's gloo/NCCL address and fail
-        # to connect (pytorch#135712). Read by the agent: each attempt gets a fresh store.
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    return env
+    return WorkerSpec(
+        device=s.device, num_threads=s.num_cpu_threads_per_process,
+        mixed_precision=s.mixed_precision if s.explicit("mixed_precision") else None,
+        gradient_accumulation_steps=s.gradient_accumulation_steps
+        if s.explicit("gradient_accumulation_steps") else None,
+        debug=s.debug, config_file=s.config_file, cuda_visible_devices=s.cuda_visible_devices,
+        layout=(s.num_processes, s.num_machines),
+        fresh_rdzv_store=s.max_restarts > 0 and s.rdzv_backend == "c10d")
 
 
-def _failures(exc: Any) -> list[Failure]:
-    now = time.time_ns()
-    out = []
-    for rank, failure in exc.failures.items():
-        data = failure.error_file_data if isinstance(failure.error_file_data, Mapping) else None
-        out.append(failure_from_error_data(int(rank), int(failure.local_rank), int(failure.pid),
-                                           int(failure.exitcode), data, now))
-    return out
+def worker_env(settings: LaunchSettings) -> dict[str, str]:
+    """``ACCEL_*`` (and thread/GPU) variables the workers inherit."""
+    return worker_spec(settings).environment()
 
 
 class _RestartNotice(logging.Filter):
@@ -127,7 +103,8 @@ class _RestartNotice(logging.Filter):
             if failed:
                 print(format_failure_report(failed), file=sys.stderr, flush=True)
             print(f"accel launch: restarting all workers after the failure above, restart "
-                  f"{int(total) - int(left) + 1} of {total} (--max_restarts; state {state})",
+                  f"{int(str(total)) - int(str(left)) + 1} of {total} (--max_restarts; state "
+                  f"{state})",
                   file=sys.stderr, flush=True)
         return self.debug or record.levelno >= logging.WARNING
 
@@ -138,13 +115,13 @@ def _failed_attempt() -> list[Failure]:
     torchelastic does not log them before a restart; without this the root cause of every
     attempt but the last would be lost.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(30):
         if frame is None:
             break
         result = frame.f_locals.get("run_result")
         if result is not None and isinstance(getattr(result, "failures", None), Mapping):
-            return _failures(result) if result.failures else []
+            return extract_failures(result.failures) if result.failures else []
         frame = frame.f_back
     return []
 
@@ -171,15 +148,14 @@ def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    os.environ.update(env)
-    os.environ["ACCEL_AGENT_PID"] = str(os.getpid())
+    apply({**env, **agent_environment(os.getpid())})  # the agent's workers inherit them
     _quiet_torch_logs(debug)
     become_subreaper()
     try:
         torchrun.run(torchrun.parse_args(argv))
         return 0
     except ChildFailedError as exc:
-        failures = _failures(exc)
+        failures = extract_failures(exc.failures)
         print(format_failure_report(failures), file=sys.stderr, flush=True)
         code = root_failure(failures).exitcode
         return code if 0 < code < 256 else 1

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from accel.launch import cli
+from accel.launch import cli, core
 from accel.launch.config_file import ConfigFile, parse_config, read_config
 from accel.launch.errors import CLIError
 from accel.launch.report import Failure, failure_from_error_data, format_failure_report
@@ -266,7 +266,7 @@ def test_missing_pyyaml_is_a_clear_error(capsys: pytest.CaptureFixture[str], scr
 # ---------------------------------------------------------------- accel config
 def test_config_default_and_interactive(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "_gpu_count", lambda: 0)
+    monkeypatch.setattr(core, "gpu_count", lambda: 0)
     path = tmp_path / "sub" / "cfg.yaml"
     assert run_main(capsys, "config", "default", "--config_file", str(path))[0] == 0
     assert read_config(path).values == {"device": "cpu", "machine_rank": 0,
@@ -346,3 +346,73 @@ def test_default_config_is_used_only_if_present_and_said_so(tmp_path: Path,
     monkeypatch.setenv("ACCEL_CONFIG_FILE", str(tmp_path / "gone.yaml"))
     with pytest.raises(CLIError, match="gone.yaml does not exist"):
         cli._locate_config(None)
+
+
+# ---------------------------------------------------------------- the launch core
+def test_rendezvous_as_torchrun_args_and_launch_config() -> None:
+    single = core.Rendezvous("c10d", "::1", 0, "RID")
+    assert single.torchrun_args() == ["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:0",
+                                      "--rdzv-id", "RID"]
+    assert single.launch_config() == {"min_nodes": 1, "max_nodes": 1, "run_id": "RID",
+                                      "rdzv_backend": "c10d", "rdzv_endpoint": "[::1]:0"}
+    static = core.Rendezvous("static", "10.0.0.1", 29500, "accel", num_nodes=2, node_rank=1,
+                             conf="join_timeout=60")
+    assert static.torchrun_args() == ["--rdzv-backend", "static", "--node-rank", "1",
+                                      "--master-addr", "10.0.0.1", "--master-port", "29500",
+                                      "--rdzv-conf", "join_timeout=60"]
+    assert static.launch_config()["rdzv_configs"] == {"join_timeout": "60", "rank": 1}
+    assert (core.default_backend(1), core.default_backend(2)) == ("c10d", "static")
+    assert core.default_port("c10d", 1, lambda: 7) == 0
+    assert core.default_port("static", 1, lambda: 7) == 7
+    assert core.default_port("static", 2, lambda: 7) == 29500
+
+
+def test_notebook_and_accel_launch_choose_the_same_rendezvous() -> None:
+    import warnings
+
+    from accel.launch import notebook
+
+    one = notebook._rendezvous("127.0.0.1", None, 0, 1)
+    assert (one.backend, one.port) == ("c10d", 0) and len(one.run_id) == 32
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        two = notebook._rendezvous("10.0.0.1", None, 1, 2)
+    assert "10.0.0.1:29500 is unauthenticated" in str(caught[0].message)
+    s = settings(["--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
+                  "--main_process_port", "29500", "--cpu", "-n", "4", "t.py"])
+    from accel.launch.torchrun import rendezvous_of
+
+    assert two == rendezvous_of(s)  # every machine shares the run id: static prefixes keys with it
+
+
+def test_worker_spec_environment() -> None:
+    env = core.WorkerSpec(device="cpu", num_threads=3, cuda_visible_devices="").environment()
+    assert env == {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cpu", "ACCEL_NUM_THREADS": "3",
+                   "OMP_NUM_THREADS": "3", "CUDA_VISIBLE_DEVICES": ""}
+    env = core.WorkerSpec(device="cuda", num_threads=1, mixed_precision="bf16",
+                          config_file="c.yaml").environment()
+    assert env["ACCEL_MIXED_PRECISION"] == "bf16" and Path(env["ACCEL_CONFIG_FILE"]).is_absolute()
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    restarts = worker_env(settings(["--cpu", "--max_restarts", "1", "t.py"]))
+    assert restarts["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert (restarts["ACCEL_NUM_PROCESSES"], restarts["ACCEL_NUM_MACHINES"]) == ("1", "1")
+
+
+def test_extract_failures_reads_our_error_files() -> None:
+    from types import SimpleNamespace
+
+    data = _error_data("ValueError: boom", "Traceback\nValueError: boom", 5)
+    data["message"]["extraInfo"]["accel"]["exception"] = "PAYLOAD"
+    failures = {1: SimpleNamespace(local_rank=1, pid=9, exitcode=1, error_file_data=data),
+                0: SimpleNamespace(local_rank=0, pid=8, exitcode=-15, error_file_data="<NONE>")}
+    got = core.extract_failures(failures, now_ns=100)
+    assert [(f.rank, f.pid, f.time_ns, f.traceback is None) for f in got] == [
+        (1, 7, 5, False), (0, 8, 100, True)]
+    assert core.accel_extra(data)["exception"] == "PAYLOAD"
+    assert core.accel_extra("<NONE>") == {} and core.accel_extra({"message": "x"}) == {}
+
+
+def test_gpu_ids_all_means_every_visible_gpu() -> None:
+    s = settings(["--gpu_ids", "all", "t.py"], gpus=2)
+    assert (s.device, s.gpu_ids, s.num_processes, s.cuda_visible_devices) == ("cuda", None, 2,
+                                                                             None)

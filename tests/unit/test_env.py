@@ -4,9 +4,34 @@ from __future__ import annotations
 
 import pytest
 
-from accel.env import (ACCEL_VARIABLES, EnvSettings, LaunchEnvironmentError, LaunchInfo,
-                       cuda_visible_devices, detect_launch, expand_nodelist, pjrt_device,
-                       read_settings)
+from accel.env import (
+    ACCEL_TABLE,
+    ACCEL_VARIABLES,
+    EnvSettings,
+    LaunchEnvironmentError,
+    LaunchInfo,
+    accel_environment,
+    agent_environment,
+    agent_pid,
+    apply,
+    config_file_variable,
+    config_home,
+    cpu_count,
+    cuda_visible_devices,
+    detect_launch,
+    error_file,
+    expand_nodelist,
+    formed_layout,
+    gloo_socket_ifname,
+    launch_setting_source,
+    pjrt_device,
+    read_settings,
+    requested_layout,
+    settings_environment,
+    worker_environment,
+    worker_ranks,
+)
+from accel.env._base import current
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
             "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29511"}
@@ -322,3 +347,77 @@ def test_pjrt_device() -> None:
 def test_accel_variables_are_documented() -> None:
     assert all(name.startswith("ACCEL_") and text for name, text in ACCEL_VARIABLES.items())
     assert {"ACCEL_DEVICE", "ACCEL_MIXED_PRECISION", "ACCEL_DEBUG"} <= set(ACCEL_VARIABLES)
+
+
+# ------------------------------------------------------------------ the ACCEL_* table
+
+
+def test_table_fields_are_env_settings_fields_and_every_field_has_a_variable() -> None:
+    fields = set(EnvSettings.__dataclass_fields__)
+    mapped = [var.field for var in ACCEL_TABLE if var.field is not None]
+    assert set(mapped) == fields and len(mapped) == len(fields)
+    assert all(var.read is not None for var in ACCEL_TABLE if var.field is not None)
+    assert set(ACCEL_VARIABLES) == {var.name for var in ACCEL_TABLE if var.documented}
+    assert "ACCEL_AGENT_PID" not in ACCEL_VARIABLES  # plumbing, not in README's table
+
+
+def test_settings_environment_is_the_inverse_of_read_settings() -> None:
+    full = EnvSettings(device="cuda", mixed_precision="bf16", gradient_accumulation_steps=4,
+                       debug=True, timeout=90.0, stall_seconds=2.5, config_file="/c.yaml",
+                       launched=True, num_threads=3)
+    for settings in (EnvSettings(), full, EnvSettings(device="cpu", launched=True)):
+        assert read_settings(settings_environment(settings)) == settings
+    assert settings_environment(EnvSettings()) == {}
+
+
+def test_launch_setting_source_follows_the_table() -> None:
+    assert launch_setting_source("device", {"ACCEL_DEVICE": "cpu"}) == ("ACCEL_DEVICE", "cpu")
+    threads = {"OMP_NUM_THREADS": "5", "ACCEL_NUM_THREADS": "2"}
+    assert launch_setting_source("num_cpu_threads_per_process", threads) == (
+        "ACCEL_NUM_THREADS", "2")
+    assert launch_setting_source("num_cpu_threads_per_process",
+                                 {"ACCEL_NUM_THREADS": "", "OMP_NUM_THREADS": "5"}) == (
+        "OMP_NUM_THREADS", "5")
+    assert launch_setting_source("num_processes", {"ACCEL_NUM_PROCESSES": "4"}) is None
+    assert launch_setting_source("debug", {}) is None
+
+
+def test_worker_environment() -> None:
+    env = worker_environment(EnvSettings(device="cpu", num_threads=2, launched=True),
+                             cuda_visible_devices="", layout=(4, 2), fresh_rdzv_store=True)
+    assert env == {"ACCEL_LAUNCHED": "1", "ACCEL_DEVICE": "cpu", "ACCEL_NUM_THREADS": "2",
+                   "OMP_NUM_THREADS": "2", "ACCEL_NUM_PROCESSES": "4", "ACCEL_NUM_MACHINES": "2",
+                   "CUDA_VISIBLE_DEVICES": "", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert worker_environment(EnvSettings()) == {"ACCEL_LAUNCHED": "1"}
+    assert agent_environment(42) == {"ACCEL_AGENT_PID": "42"}
+
+
+def test_small_readers() -> None:
+    env = {"ACCEL_CONFIG_FILE": "/c.yaml", "XDG_CONFIG_HOME": "", "GLOO_SOCKET_IFNAME": "eth1",
+           "TORCHELASTIC_ERROR_FILE": "/e.json", "RANK": "3", "ACCEL_AGENT_PID": "12",
+           "ACCEL_NUM_PROCESSES": "4", "ACCEL_NUM_MACHINES": "2", "WORLD_SIZE": "4",
+           "ACCEL_DEBUG": "1"}
+    assert (config_file_variable(env), config_home(env)) == ("/c.yaml", None)
+    assert (gloo_socket_ifname(env), error_file(env)) == ("eth1", "/e.json")
+    assert worker_ranks(env) == ("3", "?") and agent_pid(env) == 12
+    assert agent_pid({"ACCEL_AGENT_PID": "x"}) is None
+    assert requested_layout(env) == ("4", "2") and formed_layout(env) is None
+    assert formed_layout({"WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2"}) == ("4", "2")
+    assert accel_environment(env) == {"ACCEL_DEBUG": "1", "ACCEL_CONFIG_FILE": "/c.yaml"}
+    assert cpu_count() >= 1
+
+
+def test_apply_sets_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_TEST_APPLY", "0")  # restored by monkeypatch afterwards
+    apply({"ACCEL_TEST_APPLY": "1"})
+    assert current()["ACCEL_TEST_APPLY"] == "1"
+
+
+def test_every_name_of_the_old_module_is_still_importable() -> None:
+    import accel.env
+
+    old = ["ACCEL_VARIABLES", "EnvSettings", "LaunchEnvironmentError", "LaunchInfo", "cpu_count",
+           "cuda_visible_devices", "detect_launch", "expand_nodelist", "log_level",
+           "pjrt_device", "read_settings", "DEFAULT_PORT"]
+    assert all(hasattr(accel.env, name) for name in old)
+    assert set(accel.env.__all__) >= set(old) - {"DEFAULT_PORT"}

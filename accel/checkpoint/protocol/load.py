@@ -184,7 +184,7 @@ def _load_on_this_rank(comm: Communicator, snap: RunSnapshot, path: Path, strict
                            accumulation_step=int(manifest.meta.get("accumulation_step", 0)),
                            optimizer_steps=int(manifest.meta.get("optimizer_steps", 0)))
         return loaded, ("ok", manifest.step, manifest.created, _identity(manifest))
-    except Exception as exc:  # reported to every rank by the caller, then re-raised on this one
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller, then re-raised on this one
         return exc, ("error", f"{type(exc).__name__}: {exc}")
 
 

@@ -110,7 +110,7 @@ def _finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any]
         try:
             finalize(tmp, target, step=snap.optimizer_steps, world_size=world_size, meta=meta,
                      records=merged, accel_version=__version__)
-        except Exception as exc:  # reported to every rank, then re-raised
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, then re-raised
             failed = [CheckpointError(f"finishing checkpoint {target} failed: {exc}")]
     if failed:
         if tmp.exists():  # an unfinished save leaves nothing behind (it never had a manifest)
@@ -170,7 +170,7 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     tmp = temp_dir_for(target, token)
     try:
         records: Any = _write_rank_files(target, token, snap, ctx.rank)
-    except Exception as exc:  # reported to every rank below, then re-raised
+    except Exception as exc:  # noqa: BLE001 - reported to every rank below, then re-raised
         records = CheckpointError(f"rank {ctx.rank} could not write its part of {target}: {exc}")
     gathered = comm.gather_object([records])
     outcome: list[Any] = [None]

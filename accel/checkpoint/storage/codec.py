@@ -151,7 +151,8 @@ def _ndarray(node: dict[str, Any], tensors: Mapping[str, torch.Tensor]) -> np.nd
         raise ValueError("object arrays are never decoded")
     raw = _tensor(tensors, node["$ndarray"])
     data = raw.numpy().tobytes() if raw.numel() else b""
-    return np.frombuffer(data, dtype=dtype).reshape(node["shape"]).copy()
+    array: np.ndarray = np.frombuffer(data, dtype=dtype).reshape(node["shape"]).copy()
+    return array
 
 
 def _dtype(name: str) -> torch.dtype:

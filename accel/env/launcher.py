@@ -1,9 +1,5 @@
 """Who this process is, read from the launcher's environment.
 
-This is the only module of accel that reads ``os.environ`` (``accel/launch`` writes variables for
-the children it starts). Every function takes an optional ``environ`` mapping so that tests can
-describe a launcher without touching the real environment.
-
 Precedence of launchers: torchrun / ``accel launch`` > MPI (Open MPI, MPICH/Intel MPI, MVAPICH2)
 > Slurm. A half-set environment is an error, never "N independent copies of rank 0".
 
@@ -15,45 +11,16 @@ Example:
 
 from __future__ import annotations
 
-import os
 import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = [
-    "ACCEL_VARIABLES",
-    "EnvSettings",
-    "LaunchEnvironmentError",
-    "LaunchInfo",
-    "cpu_count",
-    "cuda_visible_devices",
-    "detect_launch",
-    "expand_nodelist",
-    "log_level",
-    "pjrt_device",
-    "read_settings",
-]
+from ._base import LaunchEnvironmentError, current, int_variable, optional_int
+
+__all__ = ["DEFAULT_PORT", "LaunchInfo", "detect_launch", "expand_nodelist"]
 
 DEFAULT_PORT = 29500
-
-#: Variables ``accel launch`` sets for its workers, and what they mean. Documented in README.
-ACCEL_VARIABLES: dict[str, str] = {
-    "ACCEL_DEVICE": "device kind for every worker: cpu | cuda | xla | mps",
-    "ACCEL_MIXED_PRECISION": "no | fp16 | bf16",
-    "ACCEL_GRADIENT_ACCUMULATION_STEPS": "integer >= 1",
-    "ACCEL_DEBUG": "1 to check op/shape/dtype across ranks before every collective",
-    "ACCEL_TIMEOUT": "collective timeout in seconds",
-    "ACCEL_STALL_SECONDS": "seconds a collective may wait before a stall report is printed",
-    "ACCEL_CONFIG_FILE": "path of the YAML config file used by `accel launch` / `accel config`",
-    "ACCEL_LAUNCHED": "set to 1 by `accel launch` (informational)",
-    "ACCEL_NUM_THREADS": "torch intra-op threads per worker (applied by Accelerator())",
-    "ACCEL_LOG_LEVEL": "level for accel.get_logger loggers (DEBUG/INFO/WARNING/ERROR/CRITICAL)",
-}
-
-
-class LaunchEnvironmentError(RuntimeError):
-    """The launcher environment is inconsistent (half-set, or missing a rendezvous address)."""
 
 
 @dataclass(frozen=True)
@@ -79,39 +46,6 @@ class LaunchInfo:
     @property
     def num_nodes(self) -> int:
         return max(1, -(-self.world_size // max(1, self.local_world_size)))
-
-
-@dataclass(frozen=True)
-class EnvSettings:
-    """Settings passed to workers by ``accel launch`` through ``ACCEL_*`` variables."""
-
-    device: str | None = None
-    mixed_precision: str | None = None
-    gradient_accumulation_steps: int | None = None
-    debug: bool = False
-    timeout: float | None = None
-    stall_seconds: float | None = None
-    config_file: str | None = None
-    launched: bool = False
-    num_threads: int | None = None
-
-
-def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
-    return os.environ if environ is None else environ
-
-
-def _int(environ: Mapping[str, str], name: str) -> int:
-    raw = environ[name]
-    try:
-        return int(raw)
-    except ValueError:
-        raise LaunchEnvironmentError(
-            f"environment variable {name}={raw!r} is not an integer; unset it or fix the launcher"
-        ) from None
-
-
-def _opt_int(environ: Mapping[str, str], name: str) -> int | None:
-    return _int(environ, name) if environ.get(name, "") != "" else None
 
 
 def _check(launcher: str, rank: int, world: int, local_rank: int, local_world: int) -> None:
@@ -153,7 +87,7 @@ def _rendezvous(
                 "e.g. `mpirun -x MASTER_ADDR=10.0.0.1 -x MASTER_PORT=29500 ...`"
             )
         addr = "127.0.0.1"
-    port = _opt_int(environ, "MASTER_PORT")
+    port = optional_int(environ, "MASTER_PORT")
     return addr, port if port is not None else _port_from_job_id(job_id)
 
 
@@ -172,9 +106,9 @@ def _from_torchrun(environ: Mapping[str, str]) -> LaunchInfo | None:
             f"{found} is set but {missing} is not: a half-set launcher environment. Start the job "
             f"with torchrun or `accel launch`, or set both (or neither)."
         )
-    rank, world = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
-    local_rank = _opt_int(environ, "LOCAL_RANK")
-    local_world = _opt_int(environ, "LOCAL_WORLD_SIZE")
+    rank, world = int_variable(environ, "RANK"), int_variable(environ, "WORLD_SIZE")
+    local_rank = optional_int(environ, "LOCAL_RANK")
+    local_world = optional_int(environ, "LOCAL_WORLD_SIZE")
     local_rank = rank if local_rank is None else local_rank
     local_world = world if local_world is None else local_world
     _check("torchrun", rank, world, local_rank, local_world)
@@ -184,12 +118,12 @@ def _from_torchrun(environ: Mapping[str, str]) -> LaunchInfo | None:
             "MASTER_ADDR and MASTER_PORT, or start the job with torchrun / `accel launch`"
         )
     addr, port = _rendezvous(environ, "torchrun", False, None, None)
-    node = _opt_int(environ, "GROUP_RANK")
+    node = optional_int(environ, "GROUP_RANK")
     return LaunchInfo(
         "torchrun", rank, local_rank, world, local_world,
         rank // max(local_world, 1) if node is None else node, addr, port,
         use_agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
-        restart_count=_opt_int(environ, "TORCHELASTIC_RESTART_COUNT") or 0,
+        restart_count=optional_int(environ, "TORCHELASTIC_RESTART_COUNT") or 0,
     )
 
 
@@ -214,9 +148,9 @@ def _from_mpi(environ: Mapping[str, str]) -> LaunchInfo | None:
                 f"{name}: only one of {rank_v} and {size_v} is set; start the job with mpirun "
                 "or unset the stale variable"
             )
-        rank, world = _int(environ, rank_v), _int(environ, size_v)
-        local_rank = _opt_int(environ, lrank_v)
-        local_world = _opt_int(environ, lsize_v)
+        rank, world = int_variable(environ, rank_v), int_variable(environ, size_v)
+        local_rank = optional_int(environ, lrank_v)
+        local_world = optional_int(environ, lsize_v)
         if local_rank is None or local_world is None:
             # `srun --mpi=pmi2` sets PMI_RANK/PMI_SIZE but no local variables: Slurm knows the
             # node layout. Without either we can only assume one node.
@@ -301,15 +235,16 @@ def _from_slurm(environ: Mapping[str, str]) -> LaunchInfo | None:
         raise LaunchEnvironmentError(
             "slurm: SLURM_PROCID is set but SLURM_NTASKS is not; start the job with srun"
         )
-    rank, world = _int(environ, "SLURM_PROCID"), _int(environ, size_v)
-    node_id = _opt_int(environ, "SLURM_NODEID") or 0
-    local_rank = _opt_int(environ, "SLURM_LOCALID")
+    rank, world = int_variable(environ, "SLURM_PROCID"), int_variable(environ, size_v)
+    node_id = optional_int(environ, "SLURM_NODEID") or 0
+    local_rank = optional_int(environ, "SLURM_LOCALID")
     local_world = _slurm_local_world(environ, node_id, world)
     local_rank = rank if local_rank is None else local_rank
     _check("slurm", rank, world, local_rank, local_world)
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or \
         environ.get("SLURM_NODELIST")
-    nnodes = _opt_int(environ, "SLURM_STEP_NUM_NODES") or _opt_int(environ, "SLURM_NNODES") or 1
+    nnodes = optional_int(environ, "SLURM_STEP_NUM_NODES") or \
+        optional_int(environ, "SLURM_NNODES") or 1
     multi = nnodes > 1 or local_world < world
     # Only expanded when it is needed: an explicit MASTER_ADDR wins over the node list.
     first = expand_nodelist(nodelist)[0] if nodelist and multi and \
@@ -325,95 +260,11 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     Raises:
         LaunchEnvironmentError: the environment is half-set or inconsistent.
     """
-    env = _env(environ)
+    env = current(environ)
     for reader in (_from_torchrun, _from_mpi, _from_slurm):
         info = reader(env)
         if info is not None:
             return info
-    port = _opt_int(env, "MASTER_PORT")
+    port = optional_int(env, "MASTER_PORT")
     return LaunchInfo("none", 0, 0, 1, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"),
                       port if port is not None else DEFAULT_PORT)
-
-
-def _float(environ: Mapping[str, str], name: str) -> float | None:
-    raw = environ.get(name, "")
-    if raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise LaunchEnvironmentError(f"{name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise LaunchEnvironmentError(f"{name}={raw!r} must be > 0")
-    return value
-
-
-def read_settings(environ: Mapping[str, str] | None = None) -> EnvSettings:
-    """Read the ``ACCEL_*`` settings that ``accel launch`` passes to its workers."""
-    env = _env(environ)
-    steps = _opt_int(env, "ACCEL_GRADIENT_ACCUMULATION_STEPS")
-    if steps is not None and steps < 1:
-        raise LaunchEnvironmentError(
-            f"ACCEL_GRADIENT_ACCUMULATION_STEPS={steps} must be >= 1"
-        )
-    return EnvSettings(
-        device=env.get("ACCEL_DEVICE") or None,
-        mixed_precision=env.get("ACCEL_MIXED_PRECISION") or None,
-        gradient_accumulation_steps=steps,
-        debug=env.get("ACCEL_DEBUG", "").lower() in ("1", "true", "yes", "on"),
-        timeout=_float(env, "ACCEL_TIMEOUT"),
-        stall_seconds=_float(env, "ACCEL_STALL_SECONDS"),
-        config_file=env.get("ACCEL_CONFIG_FILE") or None,
-        launched=env.get("ACCEL_LAUNCHED", "") == "1",
-        num_threads=_positive(env, "ACCEL_NUM_THREADS"),
-    )
-
-
-def _positive(environ: Mapping[str, str], name: str) -> int | None:
-    value = _opt_int(environ, name)
-    if value is not None and value < 1:
-        raise LaunchEnvironmentError(f"{name}={value} must be >= 1")
-    return value
-
-
-def cuda_visible_devices(environ: Mapping[str, str] | None = None) -> list[str] | None:
-    """The entries of ``CUDA_VISIBLE_DEVICES`` (None when unset; [] when set to hide all)."""
-    raw = _env(environ).get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return None
-    items = [item.strip() for item in raw.split(",") if item.strip()]
-    # CUDA stops at the first invalid entry; "-1" hides every device.
-    out: list[str] = []
-    for item in items:
-        if item.startswith("-"):
-            break
-        out.append(item)
-    return out
-
-
-def pjrt_device(environ: Mapping[str, str] | None = None) -> str | None:
-    """``PJRT_DEVICE`` (e.g. "CPU", "TPU", "CUDA"), or None when torch_xla is not requested."""
-    env = _env(environ)
-    value = env.get("PJRT_DEVICE") or env.get("XRT_TPU_CONFIG") and "TPU"
-    return value or None
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (respects affinity masks, e.g. under Slurm or taskset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def log_level(environ: Mapping[str, str] | None = None) -> str | None:
-    """``ACCEL_LOG_LEVEL`` (e.g. "INFO", "DEBUG", "20") upper-cased, or None when unset or empty.
-
-    Validation of the value is left to ``accel.logging``, which knows the level names.
-
-    Example:
-        >>> log_level({"ACCEL_LOG_LEVEL": "debug"})
-        'DEBUG'
-    """
-    raw = _env(environ).get("ACCEL_LOG_LEVEL", "").strip()
-    return raw.upper() or None

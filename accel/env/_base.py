@@ -1,0 +1,72 @@
+"""The one module of accel that touches ``os.environ``, and the error for a bad environment.
+
+Everything else in ``accel.env`` reads through ``current(environ)``, so that every reader takes
+an optional ``environ`` mapping (tests describe a launcher without touching the real
+environment), and ``accel.launch`` writes variables for its children through ``apply``.
+
+Example:
+    >>> current({"RANK": "1"})["RANK"]
+    '1'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from .._parse import parse_float, parse_int
+
+__all__ = ["LaunchEnvironmentError", "apply", "current", "int_variable", "optional_int",
+           "seconds_variable"]
+
+
+class LaunchEnvironmentError(RuntimeError):
+    """The launcher environment is inconsistent (half-set, or missing a rendezvous address)."""
+
+
+def current(environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """``environ`` if given, else this process's environment."""
+    return os.environ if environ is None else environ
+
+
+def apply(variables: Mapping[str, str]) -> None:
+    """Set ``variables`` in this process's environment (inherited by the processes it starts).
+
+    Example:
+        >>> apply({})
+    """
+    os.environ.update(variables)
+
+
+def int_variable(environ: Mapping[str, str], name: str, minimum: int | None = None) -> int:
+    """The integer in ``environ[name]``; ``LaunchEnvironmentError`` naming the variable if not."""
+    raw = environ[name]
+    try:
+        value = parse_int(raw, name)
+    except ValueError:
+        raise LaunchEnvironmentError(
+            f"environment variable {name}={raw!r} is not an integer; unset it or fix the launcher"
+        ) from None
+    if minimum is not None and value < minimum:
+        raise LaunchEnvironmentError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def optional_int(environ: Mapping[str, str], name: str, minimum: int | None = None) -> int | None:
+    """``int_variable``, or None when the variable is unset or empty."""
+    return int_variable(environ, name, minimum) if environ.get(name, "") != "" else None
+
+
+def seconds_variable(environ: Mapping[str, str], name: str) -> float | None:
+    """A duration in seconds (> 0) from ``environ[name]``, or None when unset or empty."""
+    raw = environ.get(name, "")
+    if raw == "":
+        return None
+    try:
+        parse_float(raw, name)
+    except ValueError:
+        raise LaunchEnvironmentError(f"{name}={raw!r} is not a number of seconds") from None
+    try:
+        return parse_float(raw, name, above=0)
+    except ValueError:
+        raise LaunchEnvironmentError(f"{name}={raw!r} must be > 0") from None

@@ -1,0 +1,167 @@
+"""The one table of ``ACCEL_*`` variables: what each means, who reads it, how it is parsed.
+
+``accel launch`` resolves its settings (flag > environment > config file > default) and exports
+them to its workers; ``Accelerator()`` in each worker reads them back with ``read_settings``.
+Both sides go through ``ACCEL_TABLE``: the launcher asks ``launch_setting_source`` which
+variable sets a launch setting, the worker side parses each variable into an ``EnvSettings``
+field, and ``settings_environment`` is the inverse of ``read_settings``.
+
+Example:
+    >>> read_settings({"ACCEL_DEVICE": "cpu", "ACCEL_DEBUG": "1"}).debug
+    True
+    >>> settings_environment(EnvSettings(device="cpu", launched=True))
+    {'ACCEL_DEVICE': 'cpu', 'ACCEL_LAUNCHED': '1'}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._parse import is_true
+from ._base import current, optional_int, seconds_variable
+
+__all__ = [
+    "ACCEL_TABLE",
+    "ACCEL_VARIABLES",
+    "AccelVariable",
+    "EnvSettings",
+    "launch_setting_source",
+    "read_settings",
+    "settings_environment",
+]
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """Settings passed to workers by ``accel launch`` through ``ACCEL_*`` variables."""
+
+    device: str | None = None
+    mixed_precision: str | None = None
+    gradient_accumulation_steps: int | None = None
+    debug: bool = False
+    timeout: float | None = None
+    stall_seconds: float | None = None
+    config_file: str | None = None
+    launched: bool = False
+    num_threads: int | None = None
+
+
+def _text(environ: Mapping[str, str], name: str) -> str | None:
+    return environ.get(name) or None
+
+
+def _positive(environ: Mapping[str, str], name: str) -> int | None:
+    return optional_int(environ, name, minimum=1)
+
+
+def _truthy(environ: Mapping[str, str], name: str) -> bool:
+    return is_true(environ.get(name, ""))
+
+
+def _one(environ: Mapping[str, str], name: str) -> bool:
+    return environ.get(name, "") == "1"
+
+
+@dataclass(frozen=True)
+class AccelVariable:
+    """One ``ACCEL_*`` variable.
+
+    Attributes:
+        name: the variable.
+        description: one line for README and ``accel env``.
+        field: the ``EnvSettings`` field it fills in a worker (None: read elsewhere).
+        read: parses the variable from an environment mapping (worker side).
+        launch_setting: the ``accel launch`` setting it is a source for (None: not one).
+        fallbacks: non-``ACCEL_*`` variables the launcher reads for that setting after it.
+        documented: part of the public table (README); False for launcher-to-worker plumbing.
+    """
+
+    name: str
+    description: str
+    field: str | None = None
+    read: Callable[[Mapping[str, str], str], Any] | None = None
+    launch_setting: str | None = None
+    fallbacks: tuple[str, ...] = ()
+    documented: bool = True
+
+
+ACCEL_TABLE: tuple[AccelVariable, ...] = (
+    AccelVariable("ACCEL_DEVICE", "device kind for every worker: cpu | cuda | xla | mps",
+                  "device", _text, "device"),
+    AccelVariable("ACCEL_MIXED_PRECISION", "no | fp16 | bf16", "mixed_precision", _text,
+                  "mixed_precision"),
+    AccelVariable("ACCEL_GRADIENT_ACCUMULATION_STEPS", "integer >= 1",
+                  "gradient_accumulation_steps", _positive, "gradient_accumulation_steps"),
+    AccelVariable("ACCEL_DEBUG", "1 to check op/shape/dtype across ranks before every "
+                  "collective", "debug", _truthy, "debug"),
+    AccelVariable("ACCEL_TIMEOUT", "collective timeout in seconds", "timeout", seconds_variable),
+    AccelVariable("ACCEL_STALL_SECONDS", "seconds a collective may wait before a stall report "
+                  "is printed", "stall_seconds", seconds_variable),
+    AccelVariable("ACCEL_CONFIG_FILE", "path of the YAML config file used by `accel launch` / "
+                  "`accel config`", "config_file", _text),
+    AccelVariable("ACCEL_LAUNCHED", "set to 1 by `accel launch` (informational)", "launched",
+                  _one),
+    AccelVariable("ACCEL_NUM_THREADS", "torch intra-op threads per worker (applied by "
+                  "Accelerator())", "num_threads", _positive, "num_cpu_threads_per_process",
+                  ("OMP_NUM_THREADS",)),
+    AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
+                  "ERROR/CRITICAL)"),  # read by accel.env.log_level
+    # What `accel launch` on this machine was asked for: the bootstrap compares it with the
+    # world torchrun formed (machines started with different -n).
+    AccelVariable("ACCEL_NUM_PROCESSES", "processes requested on all machines (internal)",
+                  documented=False),
+    AccelVariable("ACCEL_NUM_MACHINES", "machines requested (internal)", documented=False),
+    AccelVariable("ACCEL_AGENT_PID", "pid of the launcher's agent; workers die with it "
+                  "(internal)", documented=False),
+)
+
+#: Variables ``accel launch`` sets for its workers, and what they mean. Documented in README.
+ACCEL_VARIABLES: dict[str, str] = {var.name: var.description for var in ACCEL_TABLE
+                                   if var.documented}
+
+def read_settings(environ: Mapping[str, str] | None = None) -> EnvSettings:
+    """Read the ``ACCEL_*`` settings that ``accel launch`` passes to its workers.
+
+    Empty variables count as unset.
+
+    Raises:
+        LaunchEnvironmentError: a variable holds a value of the wrong kind, naming it.
+    """
+    env = current(environ)
+    values = {var.field: var.read(env, var.name) for var in ACCEL_TABLE
+              if var.field is not None and var.read is not None}
+    return EnvSettings(**values)
+
+
+def settings_environment(settings: EnvSettings) -> dict[str, str]:
+    """The ``ACCEL_*`` variables that make ``read_settings`` return ``settings``.
+
+    Unset fields (None, False) are left out; True is written as ``1``.
+    """
+    out: dict[str, str] = {}
+    for var in ACCEL_TABLE:
+        value = getattr(settings, var.field) if var.field else None
+        if value is None or value is False:
+            continue
+        out[var.name] = "1" if value is True else str(value)
+    return out
+
+
+def launch_setting_source(setting: str, environ: Mapping[str, str] | None = None
+                          ) -> tuple[str, str] | None:
+    """``(variable, raw value)`` of the first non-empty variable that sets a launch setting.
+
+    Example:
+        >>> launch_setting_source("num_cpu_threads_per_process", {"OMP_NUM_THREADS": "4"})
+        ('OMP_NUM_THREADS', '4')
+    """
+    env = current(environ)
+    for var in ACCEL_TABLE:
+        if var.launch_setting != setting:
+            continue
+        for name in (var.name, *var.fallbacks):
+            if env.get(name, "") != "":
+                return name, env[name]
+    return None
