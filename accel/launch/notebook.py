@@ -137,7 +137,8 @@ def _raise_failure(exc: Any) -> None:
     if root.traceback is None or original is None:
         text = root.traceback or root.message
         raise WorkerFailedError(f"worker {where} failed: {text}\n{note}") from None
-    original.add_note(note)
+    if hasattr(original, "add_note"):  # Python >= 3.11; on 3.10 the header below says it
+        original.add_note(note)
     header = f"worker {where} raised (its traceback; re-raised below in the caller):\n"
     raise original from RemoteTraceback(header + root.traceback)
 

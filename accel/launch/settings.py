@@ -177,7 +177,7 @@ def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
         default, why = pool * machines, f"detected ({pool} GPU(s) per machine)"
     else:
         default, why = machines, "default (1 per machine; pass -n N for more)"
-    total = src.get("num_processes", _int(1), default, why)
+    total = int(src.get("num_processes", _int(1), default, why))
     if total % machines:
         raise CLIError(f"--num_processes {total} is the total over {machines} machines and must "
                        f"be a multiple of {machines}")

@@ -24,7 +24,7 @@ Rules checked here:
   torch;
 - ``accel/launch/`` imports only L0/L1 modules and itself (at any level), and never torch at
   module level, so ``accel --help`` stays fast;
-- only ``accel/env`` touches the process environment;
+- only ``accel/env/_base.py`` touches the process environment (everything else asks accel/env);
 - no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
   outside ``device/`` and ``strategy/``;
 - ``import accel`` does not import torch, and every public name resolves.
@@ -63,7 +63,6 @@ LAYER_TABLE: list[tuple[str, str]] = [
     # DESIGN.md §2 lists logging in L0, but it reads the rank through accel.env (stdlib only)
     # to print on the main process before any Accelerator exists: it sits in L1.
     ("accel/logging.py", "L1"),
-    ("accel/env.py", "L1"),
     ("accel/env/*", "L1"),
     ("accel/device/*", "L1"),
     ("accel/distributed/*", "L2"),
@@ -99,8 +98,8 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
      "the checkpoint protocol depends only on a run-state snapshot and the communicator"),
     ("accel/env*", ("torch",), "env must stay importable without torch (accel --help)"),
 ]
-#: The only modules that may read or write the process environment.
-ENV_READERS = ("accel/env.py", "accel/env/*")
+#: The only module that may read or write the process environment (through it, accel/env).
+ENV_READERS = ("accel/env/_base.py",)
 ENV_NAMES = {"environ", "environb", "getenv", "putenv", "unsetenv"}
 #: Where backend-specific branches belong.
 BACKEND_HOMES = ("accel/device/*", "accel/strategy/*")
@@ -470,7 +469,7 @@ def test_checker_catches_a_stray_environment_read_and_every_spelling() -> None:
     assert len(found) == 5, found  # one `from os import` line, four attribute uses
     assert "probe.py:4 imports from os: environ, getenv" in found
     modules = _synthetic({"accel/high.py": "import os\nX = os.environ.get('A')\n",
-                          "accel/env/__init__.py": "import os\nY = os.environ\n"})
+                          "accel/env/_base.py": "import os\nY = os.environ\n"})
     assert environment_problems(modules) == ["accel/high.py:2 uses os.environ"]
 
 

@@ -43,8 +43,10 @@ __all__ = ["save_run"]
 
 
 def _on_cpu(state: Any) -> Any:
-    """Tensors of ``state`` on the CPU (XLA/CUDA tensors cannot be written directly)."""
-    return _tree.apply(lambda t: t if t.device.type == "cpu" else t.detach().cpu(), state)
+    """Tensors of ``state`` on the CPU (XLA/CUDA tensors cannot be written directly).
+
+    ``.cpu()`` returns a CPU tensor itself, so CPU state is not copied."""
+    return _tree.apply(lambda t: t.detach().cpu(), state)
 
 
 def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) -> None:
