@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._parse import parse_int
 from .accumulation import AccumulationState
 from .checkpoint import check_registrable, load_run, save_run
 from .checkpoint.storage import files as _ckpt_files
@@ -199,9 +200,8 @@ class Accelerator:
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {value!r}")
-        self._run.accumulation.num_steps = value
+        self._run.accumulation.num_steps = parse_int(value, "gradient_accumulation_steps",
+                                                     minimum=1, strict=True)
 
     @property
     def step(self) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from . import env
+from ._parse import parse_int
 from .config import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -260,8 +261,7 @@ def _resolve_accumulation(steps: int | None, plugin: GradientAccumulationPlugin 
         raise ValueError("pass either gradient_accumulation_steps or "
                          "gradient_accumulation_plugin, not both")
     if steps is not None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}")
+        steps = parse_int(steps, "gradient_accumulation_steps", minimum=1, strict=True)
         plugin = GradientAccumulationPlugin(num_steps=steps)
     env_steps = settings.gradient_accumulation_steps
     if plugin is None:

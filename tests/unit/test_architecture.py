@@ -27,6 +27,7 @@ Rules checked here:
 - only ``accel/env/_base.py`` touches the process environment (everything else asks accel/env);
 - no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
   outside ``device/`` and ``strategy/``;
+- modules stay small (never over 600 lines) and functions at most 60 lines (DESIGN.md §3.1);
 - ``import accel`` does not import torch, and every public name resolves.
 
 The checkers are plain functions over {module name: (path, source)} so that the failure modes
@@ -353,6 +354,21 @@ def backend_problems(modules: Sources) -> list[str]:
             for hit in backend_branches(source, rel)]
 
 
+def size_problems(modules: Sources, max_module: int = 600, max_function: int = 60) -> list[str]:
+    problems = []
+    for rel, source in modules.values():
+        lines = len(source.splitlines())
+        if lines > max_module:
+            problems.append(f"{rel}: {lines} lines (at most {max_module}; split it by job)")
+        for node in ast.walk(ast.parse(source, filename=rel)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > max_function:
+                    problems.append(f"{rel}:{node.lineno} {node.name}() is {length} lines "
+                                    f"(at most {max_function})")
+    return problems
+
+
 # ------------------------------------------------------------------ the package obeys
 
 
@@ -410,6 +426,11 @@ def test_no_backend_branches_outside_device_and_strategy() -> None:
         "backend differences belong to accel/device (the Device interface) or accel/strategy "
         "(the Strategy interface); add a method there instead of branching:\n"
         + "\n".join(problems))
+
+
+def test_modules_and_functions_are_small() -> None:
+    problems = size_problems(MODULES)
+    assert not problems, "DESIGN.md §3.1 sizes:\n" + "\n".join(problems)
 
 
 # ------------------------------------------------------------------ the checkers catch
@@ -498,6 +519,14 @@ def test_checker_catches_backend_branches() -> None:
     """)
     found = list(backend_branches(source, "probe.py"))
     assert [f.split(" ")[0] for f in found] == ["probe.py:3", "probe.py:4", "probe.py:5"], found
+
+
+def test_checker_catches_big_modules_and_long_functions() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    modules = _synthetic({"accel/big.py": f"def long():\n{body}\n" + "# pad\n" * 540,
+                          "accel/ok.py": "def short():\n    return 1\n"})
+    assert size_problems(modules) == ["accel/big.py: 601 lines (at most 600; split it by job)",
+                                      "accel/big.py:1 long() is 61 lines (at most 60)"]
 
 
 # ------------------------------------------------------------------ import cost and names
