@@ -251,3 +251,27 @@ def test_xla_strategy_reduces_gradients_only_when_distributed(fake_xla: ModuleTy
         names = _calls(fake_xla)
         assert (("reduce_gradients", optimizer) in fake_xla.CALLS) is reduced
         assert {"mark_step", "sync"} & set(names), f"no step was marked: {names}"
+
+
+def test_placed_loaders_cut_the_xla_graph_after_every_batch(fake_xla: ModuleType) -> None:
+    """The per-batch hook is the device's: XLA marks the step, other devices have none."""
+    from torch.utils.data import DataLoader
+
+    from accel.config import DataLoaderConfiguration
+    from accel.data import DataTracker, prepare_data_loader
+    from accel.device.cpu import CPUDevice
+    from accel.distributed import Communicator
+
+    hook = XLADevice().batch_hook()
+    assert hook is not None and CPUDevice().batch_hook() is None
+    _info, ctx = _xla_context(world=1)
+    cpu_ctx = type(ctx)(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    fake_xla.CALLS.clear()
+    loader = prepare_data_loader(DataLoader(torch.arange(6.0), batch_size=2), ctx=cpu_ctx,
+                                 comm=Communicator(cpu_ctx), device=None,
+                                 config=DataLoaderConfiguration(), tracker=DataTracker(),
+                                 seed=0, after_batch=hook)
+    marks = []
+    for _batch in loader:
+        marks.append(sum(1 for call in _calls(fake_xla) if call in ("mark_step", "sync")))
+    assert marks == [1, 2, 3]  # one cut per batch, before the batch reaches the loop
