@@ -85,10 +85,14 @@ class Accelerator:
         **unsupported: Any,
     ) -> None:
         opts, rt = connect(Arguments(
-            device_placement, mixed_precision, gradient_accumulation_steps, cpu, device,
-            dataloader_config, project_dir, project_config, gradient_accumulation_plugin,
-            rng_types, log_with, step_scheduler_with_optimizer, kwargs_handlers, timeout,
-            sync_batchnorm, unsupported))
+            device_placement=device_placement, mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device,
+            dataloader_config=dataloader_config, project_dir=project_dir,
+            project_config=project_config, rng_types=rng_types, log_with=log_with,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            kwargs_handlers=kwargs_handlers, timeout=timeout, sync_batchnorm=sync_batchnorm,
+            unsupported=unsupported))
         self._options, self._rt, self.state = opts, rt, rt.context
         self._run = RunState(AccumulationState.from_plugin(opts.accumulation))
         self._prep = Preparer(rt.comm, rt.precision, rt.strategy, self._run,

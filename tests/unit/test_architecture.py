@@ -428,6 +428,17 @@ def test_no_backend_branches_outside_device_and_strategy() -> None:
         + "\n".join(problems))
 
 
+def test_accelerator_init_only_connects() -> None:
+    """Issue 13: ``Accelerator.__init__`` calls the connector and wires; it stays under 40 lines."""
+    rel, source = MODULES["accel.accelerator"]
+    init = next(node for node in ast.walk(ast.parse(source, filename=rel))
+                if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    length = (init.end_lineno or init.lineno) - init.lineno + 1
+    assert length < 40, f"Accelerator.__init__ is {length} lines; resolve in accel/connector.py"
+    calls = {ast.unparse(n.func) for n in ast.walk(init) if isinstance(n, ast.Call)}
+    assert "connect" in calls, "Accelerator.__init__ must build its runtime with connect()"
+
+
 def test_modules_and_functions_are_small() -> None:
     problems = size_problems(MODULES)
     assert not problems, "DESIGN.md §3.1 sizes:\n" + "\n".join(problems)
