@@ -99,7 +99,8 @@ class Accelerator:
                               opts.dataloader_config, opts.step_scheduler_with_optimizer,
                               opts.sync_batchnorm, rt.hardware.batch_hook())
         self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm)
-        self._trackers = TrackerSet()
+        self._trackers = TrackerSet.pending(rt.context.is_main_process) \
+            if opts.log_with is not None else TrackerSet()
         self._announce()
 
     # -- description ---------------------------------------------------------------------------
@@ -432,10 +433,11 @@ class Accelerator:
 
     def log(self, values: dict[str, Any], step: int | None = None,
             log_kwargs: dict[str, Any] | None = None) -> None:
-        """Log ``values`` to every tracker (main process only)."""
-        if self._options.log_with is not None and not self._trackers.names:
-            raise RuntimeError("log() before init_trackers(); call "
-                               "accelerator.init_trackers(project_name) first")
+        """Log ``values`` to every tracker (main process only).
+
+        On a process that did not call ``init_trackers`` (e.g. it was called under
+        ``if accelerator.is_main_process:``) this does nothing, as in Accelerate.
+        """
         self._trackers.log(values, step, log_kwargs)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,15 @@ from .strategy import Strategy
 from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 __all__ = ["Preparer"]
+
+
+_log = logging.getLogger(__name__)
+
+
+def _is_preparable(obj: Any) -> bool:
+    """A model, optimizer, scheduler or DataLoader: what ``prepare`` handles."""
+    return isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)) \
+        or _is_scheduler(obj)
 
 
 def _is_scheduler(obj: Any) -> bool:
@@ -57,11 +67,17 @@ class Preparer:
         return self.comm.ctx.device
 
     def prepare(self, args: tuple[Any, ...], places: list[bool]) -> list[Any]:
+        """Prepare each object by kind; objects of other kinds come back unchanged.
+
+        Accelerate returns what it does not handle (scripts pass ``None`` or EMA helpers
+        through ``prepare``); a debug log line names each such object.
+        """
         if len(places) != len(args):
             raise ValueError(f"device_placement has {len(places)} entries for {len(args)} "
                              "objects; give one bool per object")
-        if len({id(obj) for obj in args}) != len(args):
-            dup = next(o for i, o in enumerate(args) if any(o is p for p in args[:i]))
+        handled = [obj for obj in args if _is_preparable(obj)]
+        if len({id(obj) for obj in handled}) != len(handled):
+            dup = next(o for i, o in enumerate(handled) if any(o is p for p in handled[:i]))
             raise ValueError(f"prepare() got the same {type(dup).__name__} twice; "
                              "pass each object once")
         out: list[Any] = list(args)
@@ -80,9 +96,9 @@ class Preparer:
                 done.add(i)
         for i, obj in enumerate(args):
             if i not in done:
-                raise TypeError(
-                    f"prepare() cannot handle {type(obj).__name__} (argument {i}); it accepts "
-                    "nn.Module, torch.optim.Optimizer, LR schedulers and torch DataLoader")
+                _log.debug("prepare(): argument %d (%s) is not a model, optimizer, scheduler or "
+                           "DataLoader; returned unchanged", i, type(obj).__name__)
+                continue
             self.run.prepared_ids.add(id(out[i]))
         return out
 

@@ -36,6 +36,7 @@ import csv
 import json
 import numbers
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -322,14 +323,23 @@ class _NoOpTracker:
         return lambda *args, **kwargs: None
 
     def __repr__(self) -> str:
-        return f"<no-op tracker {self.name!r} (not the main process)>"
+        return f"<no-op tracker {self.name!r} (no tracker runs on this process)>"
 
 
 class TrackerSet:
     """The trackers of one run; ``Accelerator.log/end_training/get_tracker`` delegate here.
 
     Use :func:`init_trackers` to build one; ``TrackerSet()`` is the empty set (nothing was
-    requested: ``log`` does nothing).
+    requested: ``log`` does nothing). ``TrackerSet.pending(is_main)`` is the set before
+    ``init_trackers`` ran on this process although ``log_with`` asked for trackers: as in
+    Accelerate, ``log`` does nothing there and ``get_tracker`` returns a do-nothing stand-in —
+    scripts commonly call ``init_trackers`` under ``if accelerator.is_main_process:`` and ``log``
+    on every rank. The main process warns once that its values are dropped.
+
+    Example:
+        >>> before = TrackerSet.pending(is_main=False)
+        >>> before.log({"loss": 1.0})  # another rank started the trackers: nothing to do here
+        >>> before.get_tracker("wandb", unwrap=True).log({"x": 1})  # a do-nothing stand-in
     """
 
     def __init__(self, trackers: Sequence[GeneralTracker] = (), names: Sequence[str] = (),
@@ -338,6 +348,22 @@ class TrackerSet:
         self.names: tuple[str, ...] = tuple(names)  # requested on every rank, built or not
         self.is_main = is_main
         self.finished = False
+        self.started = True  # False only for ``pending()``: init_trackers not called here yet
+        self._warned = False
+
+    @classmethod
+    def pending(cls, is_main: bool) -> TrackerSet:
+        """The trackers before ``init_trackers`` ran on this process (``log_with`` was given)."""
+        empty = cls(is_main=is_main)
+        empty.started = False
+        return empty
+
+    def _drop(self) -> None:
+        if self.is_main and not self._warned:
+            self._warned = True
+            warnings.warn("accelerator.log() before init_trackers(): the values are not "
+                          "recorded; call accelerator.init_trackers(project_name) first (this "
+                          "warning is shown once)", stacklevel=4)
 
     def _check_keys(self, what: str, options: Mapping[str, Any] | None) -> Mapping[str, Any]:
         unknown = sorted(set(options or {}) - set(self.names))
@@ -352,6 +378,9 @@ class TrackerSet:
 
         ``log_kwargs`` maps a tracker name to extra keyword arguments for its ``log``.
         """
+        if not self.started:
+            self._drop()
+            return
         options = self._check_keys("log_kwargs", log_kwargs)
         if self.finished:
             raise RuntimeError("log() was called after end_training(); call init_trackers() "
@@ -380,7 +409,7 @@ class TrackerSet:
         for tracker in self.trackers:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker
-        if name in self.names:
+        if name in self.names or not self.started:
             return _NoOpTracker(name)
         raise ValueError(f"no tracker named {name!r}; trackers in use: {list(self.names)} "
                          "(pass it in log_with and call init_trackers first)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import shutil
 import time
@@ -87,3 +88,30 @@ def test_logging_print_and_progress_across_two_processes(tmp_path: Path) -> None
     assert (rank0["bar_disabled"], rank1["bar_disabled"]) == (False, True)
     assert "steps: 100%" in rank0["bar"] and rank1["bar"] == ""
     assert rank0["items"] == rank1["items"] == [0, 1, 2, 3]
+
+
+def _tracker_worker(rank: int, project: str) -> dict[str, Any]:
+    """The diffusers pattern: trackers started on the main process only, log on every rank."""
+    import warnings
+
+    from accel import Accelerator
+
+    accelerator = Accelerator(cpu=True, log_with="jsonl", project_dir=project)
+    if accelerator.is_main_process:
+        accelerator.init_trackers("run", config={"lr": 0.1})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            accelerator.log({"loss": float(step)}, step=step)
+        accelerator.get_tracker("jsonl", unwrap=True)  # a stand-in where no tracker runs
+    trackers = [t.name for t in accelerator.trackers]
+    accelerator.end_training()
+    return {"warnings": [str(w.message) for w in caught], "trackers": trackers}
+
+
+def test_trackers_started_on_the_main_process_only(tmp_path: Path) -> None:
+    rank0, rank1 = run_workers(_tracker_worker, 2, args=(str(tmp_path),))
+    assert rank0 == {"warnings": [], "trackers": ["jsonl"]}
+    assert rank1 == {"warnings": [], "trackers": []}  # a no-op there, as in Accelerate
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["loss"] for line in lines] == [0.0, 1.0, 2.0]

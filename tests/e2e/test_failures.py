@@ -398,8 +398,8 @@ BAD_API: list[tuple[str, Any, type[BaseException], str]] = [
      "'tpu9' is not a device kind"),
     ("unknown argument", lambda: _accelerator(cpu=True, foo=1), TypeError,
      "unsupported argument 'foo'"),
-    ("prepare a string", lambda: _accelerator(cpu=True).prepare("text"), TypeError,
-     "prepare() cannot handle str"),
+    ("prepare a model twice", lambda: _accelerator(cpu=True).prepare(*[_model()] * 2),
+     ValueError, "prepare() got the same Linear twice; pass each object once"),
     ("unknown reduction", lambda: _accelerator(cpu=True).reduce(_ones(), "median"), ValueError,
      "unknown reduction 'median'"),
     ("save to a nonsense path", lambda: _accelerator(cpu=True).save_state("/proc/x/ckpt"),
@@ -421,6 +421,12 @@ def _ones() -> Any:
     import torch
 
     return torch.ones(2)
+
+
+def _model() -> Any:
+    import torch
+
+    return torch.nn.Linear(2, 2)
 
 
 def _notebook(*args: Any, **kwargs: Any) -> Any:

@@ -66,8 +66,9 @@ def test_prepare_errors_and_order() -> None:
     model = nn.Linear(2, 2)
     with pytest.raises(ValueError, match="same Linear twice"):
         acc.prepare(model, model)
-    with pytest.raises(TypeError, match="cannot handle dict"):
-        acc.prepare({"a": 1})
+    state, ema = {"a": 1}, object()  # Accelerate hands back what it does not prepare
+    assert acc.prepare(state) is state
+    assert acc.prepare(None, ema, None) == (None, ema, None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     dl = DataLoader(TensorDataset(torch.zeros(4, 2)), batch_size=2)

@@ -164,3 +164,29 @@ def test_tensorboard_writes_readable_events(tmp_path: Path) -> None:
     off_main = init_trackers("tensorboard", "exp2", None, tmp_path, is_main=False)
     off_main.log({"loss": 1.0}, step=1)
     assert not (tmp_path / "exp2").exists()
+
+
+def test_log_and_get_tracker_before_init_follow_accelerate(tmp_path: Path) -> None:
+    """The common script calls init_trackers under `if is_main_process:` and log on every rank."""
+    import warnings as _warnings
+
+    from accel import Accelerator
+
+    acc = Accelerator(cpu=True, log_with="jsonl", project_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match="log\\(\\) before init_trackers"):
+        acc.log({"loss": 1.0})  # main process: dropped, said once
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        acc.log({"loss": 2.0})  # not repeated
+    assert acc.trackers == []
+    stand_in = acc.get_tracker("jsonl", unwrap=True)
+    stand_in.log({"x": 1})  # a do-nothing stand-in, as Accelerate's blank tracker
+    off_main = TrackerSet.pending(is_main=False)
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        off_main.log({"loss": 1.0})  # other ranks: silent no-op
+    acc.init_trackers("run")
+    acc.log({"loss": 3.0}, step=1)
+    acc.end_training()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"loss": 3.0' in lines[0]
