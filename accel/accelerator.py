@@ -19,12 +19,14 @@ import functools
 import signal
 import sys
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ._parse import parse_int
 from .accumulation import AccumulationState
@@ -460,6 +462,39 @@ class Accelerator:
             >>> accelerator.register_for_checkpointing(Step())
         """
         self._run.custom.extend(check_registrable(obj) for obj in objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` on every rank before ``save_state`` writes.
+
+        ``models`` are the prepared models, ``weights`` their state dicts (same order) and
+        ``output_dir`` the directory being written. A hook that saves a model itself (e.g.
+        ``save_pretrained(os.path.join(output_dir, "unet"))`` on the main process) pops its
+        entry from ``weights``; what it writes there becomes part of the atomic checkpoint
+        (listed and hashed in its manifest). Returns a handle whose ``remove()`` unregisters it.
+
+        Example:
+            >>> accelerator = Accelerator(cpu=True)
+            >>> handle = accelerator.register_save_state_pre_hook(lambda m, w, d: None)
+            >>> handle.remove()
+        """
+        return self._register_hook(self._run.save_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` on every rank before ``load_state`` loads models.
+
+        A hook that loads a model itself pops it from ``models``; the others are loaded by
+        accel in order. Returns a handle whose ``remove()`` unregisters it.
+        """
+        return self._register_hook(self._run.load_hooks, hook)
+
+    @staticmethod
+    def _register_hook(hooks: OrderedDict[int, Any], hook: Callable[..., None]
+                       ) -> RemovableHandle:
+        if not callable(hook):
+            raise TypeError(f"a state hook must be callable, got {type(hook).__name__}")
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
                    **unsupported: Any) -> str:

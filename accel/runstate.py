@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from .accumulation import AccumulationState
-from .checkpoint.protocol import ModelStateIO, RunSnapshot, Stateful
+from .checkpoint.protocol import LoadHook, ModelStateIO, RunSnapshot, SaveHook, Stateful
 from .data import DataTracker, PreparedDataLoader
 from .device import Device
 
@@ -57,6 +58,10 @@ class RunState:
     data_seed: int | None = None
     #: the checkpoint loaded last (never rotated away)
     loaded_dir: Path | None = None
+    #: ``register_save_state_pre_hook`` / ``register_load_state_pre_hook`` hooks by handle id
+    #: (OrderedDicts: torch's RemovableHandle holds a weak reference to them)
+    save_hooks: OrderedDict[int, SaveHook] = field(default_factory=OrderedDict)
+    load_hooks: OrderedDict[int, LoadHook] = field(default_factory=OrderedDict)
     #: ``main_process_first`` blocks entered so far (each needs its own store key)
     sections: int = 0
     #: ``set_trigger`` was called on this rank since the last ``check_trigger``
@@ -88,7 +93,8 @@ class RunState:
         return RunSnapshot(tuple(self.models), tuple(self.optimizers), tuple(self.schedulers),
                            tuple(self.dataloaders), tuple(self.custom), scaler, model_io, device,
                            acc.step, acc.num_steps, acc.sync_gradients, self.optimizer_steps,
-                           self.loaded_dir)
+                           self.loaded_dir, tuple(self.save_hooks.values()),
+                           tuple(self.load_hooks.values()))
 
     def restored(self, path: Path, accumulation_step: int, optimizer_steps: int) -> None:
         """Record what ``load_state`` restored that the objects themselves do not hold."""

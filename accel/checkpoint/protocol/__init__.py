@@ -35,12 +35,14 @@ from .load import load_run
 from .save import save_run
 from .snapshot import (
     LoadedRun,
+    LoadHook,
     ModelStateIO,
     RunSnapshot,
+    SaveHook,
     Stateful,
     check_registrable,
     component_counts,
 )
 
-__all__ = ["LoadedRun", "ModelStateIO", "RunSnapshot", "Stateful", "check_registrable",
-           "component_counts", "load_run", "save_run"]
+__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "RunSnapshot", "SaveHook", "Stateful",
+           "check_registrable", "component_counts", "load_run", "save_run"]

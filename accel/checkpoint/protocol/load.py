@@ -39,9 +39,10 @@ __all__ = ["load_run"]
 _RUN_DEPTH = 7
 
 
-def _check_counts(manifest: Manifest, snap: RunSnapshot) -> None:
-    """Components are matched by position: the same kinds and numbers must be prepared."""
-    saved, prepared = manifest.meta.get("counts"), component_counts(snap)
+def _check_counts(manifest: Manifest, snap: RunSnapshot, models: int) -> None:
+    """Components are matched by position: the same kinds and numbers must be prepared
+    (``models``: those left to accel after the load hooks took theirs)."""
+    saved, prepared = manifest.meta.get("counts"), dict(component_counts(snap), models=models)
     if not isinstance(saved, dict):
         return  # written without counts: each component is still checked on its own
     differ = {k: (saved.get(k), n) for k, n in prepared.items() if saved.get(k, n) != n}
@@ -123,9 +124,13 @@ def _identity(manifest: Manifest) -> str:
 
 
 def _load_shared(ld: _Loader, snap: RunSnapshot) -> None:
-    """Components rank 0 wrote, loaded on every rank."""
-    ld.run("manifest.json", functools.partial(_check_counts, ld.manifest, snap))
-    for i, model in enumerate(snap.models):
+    """Components rank 0 wrote, loaded on every rank (models after the load hooks ran: as in
+    Accelerate, a hook may load models itself and pop them; the rest match model_0, …)."""
+    models = list(snap.models)
+    for hook in snap.load_hooks:
+        hook(models, str(ld.path))
+    ld.run("manifest.json", functools.partial(_check_counts, ld.manifest, snap, len(models)))
+    for i, model in enumerate(models):
         ld.run(f"model_{i}.safetensors", functools.partial(ld.model, i, model, snap.model_io))
     has_scaler = bool(snap.scaler.state_dict())
     stems = [*(f"optimizer_{i}" for i in range(len(snap.optimizers))),

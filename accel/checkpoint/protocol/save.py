@@ -17,6 +17,7 @@ outcome, so a failure on any rank raises on all of them instead of hanging.
 
 from __future__ import annotations
 
+import re
 import shutil
 import warnings
 from collections.abc import Sequence
@@ -41,6 +42,8 @@ from .snapshot import RunSnapshot, component_counts
 
 __all__ = ["save_run"]
 
+_MODEL_FILE = re.compile(r"model_\d+\.safetensors")
+
 
 def _on_cpu(state: Any) -> Any:
     """Tensors of ``state`` on the CPU (XLA/CUDA tensors cannot be written directly).
@@ -49,11 +52,27 @@ def _on_cpu(state: Any) -> Any:
     return _tree.apply(lambda t: t.detach().cpu(), state)
 
 
+def _model_weights(snap: RunSnapshot, rank: int, tmp: Path) -> list[dict[str, Any]]:
+    """The model states rank 0 writes, after the save hooks took the ones they save themselves.
+
+    As in Accelerate, hooks run on every rank with every model's state and the directory being
+    written (here the temporary one, so that what they write is part of the atomic checkpoint
+    and listed in its manifest); an entry a hook pops from ``weights`` is not written by accel.
+    """
+    if not snap.save_hooks:
+        return [snap.model_io.model_state_dict(m) for m in snap.models] if rank == 0 else []
+    models = list(snap.models)
+    weights = [snap.model_io.model_state_dict(m) for m in models]
+    for hook in snap.save_hooks:
+        hook(models, weights, str(tmp))
+    return weights if rank == 0 else []
+
+
 def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) -> None:
     """Queue this rank's files; states are encoded now, files written by the writer's threads."""
+    weights = _model_weights(snap, rank, writer.tmpdir)
     if rank == 0:
-        for i, model in enumerate(snap.models):
-            state = snap.model_io.model_state_dict(model)
+        for i, state in enumerate(weights):
             writer.write_tensors(f"model_{i}.safetensors",
                                  {k: v.detach().cpu() for k, v in state.items()})
         for i, opt in enumerate(snap.optimizers):
@@ -107,8 +126,11 @@ def _finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any]
     failed = [r for r in gathered if isinstance(r, Exception)]
     if not failed:
         merged = {k: v for r in gathered for k, v in r.items()}
+        # models: those accel wrote (save hooks may have saved some themselves)
+        counts = dict(component_counts(snap),
+                      models=sum(1 for rel in merged if _MODEL_FILE.fullmatch(rel)))
         meta = {"accumulation_step": snap.accumulation_step,
-                "optimizer_steps": snap.optimizer_steps, "counts": component_counts(snap)}
+                "optimizer_steps": snap.optimizer_steps, "counts": counts}
         try:
             finalize(tmp, target, step=snap.optimizer_steps, world_size=world_size, meta=meta,
                      records=merged, accel_version=__version__)

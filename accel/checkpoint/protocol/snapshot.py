@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -34,8 +35,16 @@ from torch import nn
 
 from ...device import Device
 
-__all__ = ["LoadedRun", "ModelStateIO", "RunSnapshot", "Stateful", "check_registrable",
-           "component_counts"]
+__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "RunSnapshot", "SaveHook", "Stateful",
+           "check_registrable", "component_counts"]
+
+#: ``hook(models, weights, output_dir)``, Accelerate's ``register_save_state_pre_hook``: called on
+#: every rank before the models are written; it may save models itself (into ``output_dir``,
+#: the checkpoint's temporary directory) and pop their entries from ``weights``.
+SaveHook = Callable[[list[nn.Module], list[dict[str, torch.Tensor]], str], None]
+#: ``hook(models, input_dir)``, Accelerate's ``register_load_state_pre_hook``: called on every
+#: rank before the models are loaded; it may load models itself and pop them from ``models``.
+LoadHook = Callable[[list[nn.Module], str], None]
 
 
 @runtime_checkable
@@ -86,6 +95,8 @@ class RunSnapshot:
     sync_gradients: bool
     optimizer_steps: int
     loaded_dir: Path | None  # the checkpoint loaded last: never rotated away
+    save_hooks: tuple[SaveHook, ...] = ()
+    load_hooks: tuple[LoadHook, ...] = ()
 
 
 @dataclass(frozen=True)
