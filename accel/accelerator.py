@@ -269,7 +269,24 @@ class Accelerator:
         return self._rt.strategy.no_sync(model)
 
     def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Force DDP to synchronise in the next backward even inside ``no_sync``."""
+        """Make the backward run in this block all-reduce the gradients, also when the loss's
+        forward ran under ``no_sync`` (the gradients accumulated locally are synced with it).
+
+        With ``find_unused_parameters=True`` DDP needs the loss's outputs to find the unused
+        parameters: run that forward inside this block too. Does nothing without DDP.
+
+        Example:
+            >>> import torch
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> model = accelerator.prepare(torch.nn.Linear(2, 1))
+            >>> with accelerator.no_sync(model):
+            ...     loss_a = model(torch.ones(1, 2)).sum()
+            ...     loss_b = model(torch.ones(1, 2)).sum()
+            >>> accelerator.backward(loss_a)  # local only
+            >>> with accelerator.trigger_sync_in_backward(model):
+            ...     accelerator.backward(loss_b)  # syncs the sum of both
+        """
         return self._rt.strategy.trigger_sync(model)
 
     def backward(self, loss: torch.Tensor, num_items: float | int | torch.Tensor | None = None,

@@ -73,8 +73,10 @@ class EpochRun:
 class ShardBatchSampler(Sampler[Any]):
     """Yields this rank's index batches (see ``plan``) and records each step's bookkeeping.
 
-    With ``singles`` (the user's loader had ``batch_size=None``) it yields single indices and
-    must be passed as ``sampler=``; otherwise it yields index lists for ``batch_sampler=``.
+    With ``singles`` (the user's loader had ``batch_size=None`` and a sampler of single indices)
+    it yields single indices and must be passed as ``sampler=``; otherwise it yields index lists,
+    for ``batch_sampler=`` (or for ``sampler=`` with ``batch_size=None`` when the user passed a
+    ``BatchSampler`` as the sampler: each list is then fetched as ``dataset[indices]``).
     """
 
     def __init__(self, batches: Iterable[list[int]], *, rank: int, world: int, even: bool,

@@ -29,7 +29,7 @@ from .plan import Step, rank_steps
 from .samplers import EpochRun, SeedableSampler, ShardBatchSampler, epoch_seed
 
 __all__ = ["MapSource", "IterableSource", "PassthroughSource", "find_distributed_sampler",
-           "rebuild_loader"]
+           "given_batch_sampler", "rebuild_loader"]
 
 Pair = tuple[Any, Step]
 
@@ -57,15 +57,29 @@ def rebuild_loader(loader: DataLoader[Any], *, in_order: bool | None = None,
     return DataLoader(loader.dataset, **kwargs)
 
 
+def given_batch_sampler(loader: DataLoader[Any]) -> Any:
+    """The loader's batch sampler: ``batch_sampler=``, or a ``BatchSampler`` passed as
+    ``sampler=`` with ``batch_size=None`` (each of its items, a list of indices, is one batch
+    fetched as ``dataset[indices]``); ``None`` when the sampler yields single indices."""
+    if loader.batch_sampler is not None:
+        return loader.batch_sampler
+    return loader.sampler if isinstance(loader.sampler, BatchSampler) else None
+
+
+def _samplers(loader: DataLoader[Any]) -> tuple[Any, ...]:
+    """The loader's sampler and the sampler inside its batch sampler (or ``None``)."""
+    return loader.sampler, getattr(given_batch_sampler(loader), "sampler", None)
+
+
 def find_distributed_sampler(loader: DataLoader[Any]) -> DistributedSampler[Any] | None:
-    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+    for sampler in _samplers(loader):
         if isinstance(sampler, DistributedSampler):
             return sampler
     return None
 
 
 def _warn_generators(loader: DataLoader[Any]) -> None:
-    samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
+    samplers = _samplers(loader)
     owned = [g for g in [loader.generator] + [getattr(s, "generator", None) for s in samplers
                                               if not hasattr(s, "set_epoch")] if g is not None]
     if owned:
@@ -151,22 +165,24 @@ class MapSource(_Source):
     def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
                  split: bool, seed: int) -> None:
         super().__init__(loader, rank=rank, seed=seed)
-        singles = loader.batch_sampler is None
+        given = given_batch_sampler(loader)
+        singles = given is None
         if singles:
             if split and world > 1:
                 raise ValueError("split_batches=True needs a DataLoader with a batch_size; got "
-                                 "batch_size=None (the dataset yields whole batches)")
+                                 "batch_size=None (the dataset yields whole batches); pass "
+                                 "batch_size= or a torch BatchSampler as batch_sampler=")
             sampler = _seedable(loader.sampler, seed)
             batches: Any = _Singles(sampler)
             nominal: int | None = 1
         else:
-            batches, sampler = self._batches(loader.batch_sampler, seed)
+            batches, sampler = self._batches(given, seed)
             nominal = loader.batch_size or getattr(batches, "batch_size", None)
         split_size = self._split_size(nominal, world) if split and world > 1 else None
         self.shard = ShardBatchSampler(
             batches, rank=rank, world=world, even=even and world > 1, split_size=split_size,
             unit_size=nominal if isinstance(nominal, int) else None, singles=singles)
-        if singles:
+        if loader.batch_sampler is None:  # the shard's items go where the user's sampler was
             self.loader = rebuild_loader(loader, in_order=True, sampler=self.shard,
                                          batch_size=None, generator=self.generator)
         else:
@@ -283,8 +299,10 @@ class PassthroughSource(_Source):
         self.sampler = sampler
         self.batch_size = loader.batch_size
         self.total_batch_size = None if loader.batch_size is None else loader.batch_size * world
-        self.epoch_targets = [t for t in (loader.sampler, loader.batch_sampler, loader.dataset)
-                              if t is not None and hasattr(t, "set_epoch")]
+        # The DistributedSampler may sit inside a batch sampler, which need not pass set_epoch on.
+        targets = (loader.sampler, loader.batch_sampler, sampler, loader.dataset)
+        self.epoch_targets = [t for t in {id(t): t for t in targets if t is not None}.values()
+                              if hasattr(t, "set_epoch")]
         batch_sampler = loader.batch_sampler
         # Real counts follow from positions when a plain BatchSampler reads the sampler.
         self._positions = (sampler is not None and type(batch_sampler) is BatchSampler

@@ -101,7 +101,8 @@ class Strategy(ABC):
         return contextlib.nullcontext()
 
     def trigger_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Synchronise in the next backward even inside ``no_sync``."""
+        """Synchronise in a backward run inside the block, also when its forward (or the whole
+        block) is under ``no_sync``."""
         return contextlib.nullcontext()
 
     def join(self, joinables: Iterable[Any]) -> contextlib.AbstractContextManager[Any]:

@@ -54,9 +54,18 @@ class DDPStrategy(Strategy):
 
 @contextlib.contextmanager
 def _forced_sync(model: nn.parallel.DistributedDataParallel) -> Iterator[None]:
-    old = model.require_backward_grad_sync
+    """The next backward all-reduces, even when its forward ran under ``no_sync``.
+
+    DDP arms its reducer in a forward run outside ``no_sync``; a forward inside it leaves the
+    reducer's gradient hooks idle, so setting the flags alone syncs nothing. Arming the reducer
+    here (as Accelerate's ``trigger_sync_in_backward`` does) makes the backward run in this block
+    all-reduce every gradient, including those accumulated locally before it.
+    """
+    old_backward, old_forward = model.require_backward_grad_sync, model.require_forward_param_sync
     model.require_backward_grad_sync = model.require_forward_param_sync = True
+    model.reducer.prepare_for_backward([])
     try:
         yield
     finally:
-        model.require_backward_grad_sync = old
+        model.require_backward_grad_sync = old_backward
+        model.require_forward_param_sync = old_forward

@@ -137,3 +137,84 @@ def test_accelerator_two_processes() -> None:
         assert r["gather"] == [0.0, 1.0]
     # the non-main rank ran its block only after the main rank finished its 12 s block
     assert results[1]["first_done_at"] >= results[0]["first_done_at"] - 1.0
+
+
+# -- trigger_sync_in_backward: forwards under no_sync, the backward that syncs outside it ---------
+SYNC_STEPS = 3
+
+
+def _rank_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rank ``rank``'s micro-batches (different on every rank, so unsynced grads differ)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(3, 4, generator=g), torch.randn(3, 1, generator=g))
+            for _ in range(SYNC_STEPS)]
+
+
+def _mean_grads(world: int, steps: int) -> list[torch.Tensor]:
+    """One process: the gradient DDP should hold after ``steps`` micro-batches of every rank,
+    the mean over ranks of each rank's summed micro-batch gradients."""
+    model = _model()
+    for rank in range(world):
+        for x, y in _rank_batches(rank)[:steps]:
+            (nn.functional.mse_loss(model(x), y) / world).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a, b, strict=True))
+
+
+def _trigger_sync_worker(rank: int) -> dict[str, Any]:
+    from accel import Accelerator
+
+    acc = Accelerator(cpu=True)
+    world = acc.num_processes
+    batches = _rank_batches(rank)
+    model = acc.prepare(_model())
+    loss = nn.functional.mse_loss
+    out: dict[str, Any] = {"wrapped": type(model).__name__}
+    # Accelerate's documented pattern: every forward under no_sync, backward of the last one
+    # inside trigger_sync_in_backward: its backward all-reduces all the accumulated gradients.
+    with acc.no_sync(model):
+        losses = [loss(model(x), y) for x, y in batches]
+    for k, value in enumerate(losses):
+        if k < SYNC_STEPS - 1:
+            acc.backward(value)
+            out.setdefault("local", []).append(_same(_grads(model), _mean_grads(world, k + 1)))
+        else:
+            with acc.trigger_sync_in_backward(model):
+                acc.backward(value)
+    out["synced"] = _same(_grads(model), _mean_grads(world, SYNC_STEPS))
+    # both flags are restored: DDP's own values after forwards under no_sync
+    out["flags_after"] = (model.require_backward_grad_sync, model.require_forward_param_sync)
+    # Nested in no_sync: forward+backward locally, then the last forward under no_sync and its
+    # backward in trigger_sync_in_backward; the no_sync flag comes back inside no_sync.
+    model.zero_grad(set_to_none=True)
+    with acc.no_sync(model):
+        for x, y in batches[:-1]:
+            acc.backward(loss(model(x), y))
+        last = loss(model(batches[-1][0]), batches[-1][1])
+        with acc.trigger_sync_in_backward(model):
+            acc.backward(last)
+        out["flags_inside"] = (model.require_backward_grad_sync, model.require_forward_param_sync)
+    out["nested"] = _same(_grads(model), _mean_grads(world, SYNC_STEPS))
+    # DDP keeps working as usual afterwards: a plain step is synced.
+    model.zero_grad(set_to_none=True)
+    acc.backward(loss(model(batches[0][0]), batches[0][1]))
+    out["plain_after"] = _same(_grads(model), _mean_grads(world, 1))
+    acc.end_training()
+    return out
+
+
+def test_trigger_sync_in_backward_after_forwards_under_no_sync() -> None:
+    results = run_workers(_trigger_sync_worker, 2, timeout=120)
+    for rank, r in enumerate(results):
+        assert r["wrapped"] == "DistributedDataParallel", rank
+        assert r["local"] == [False] * (SYNC_STEPS - 1), rank  # no sync before the trigger
+        assert r["synced"] and r["nested"] and r["plain_after"], (rank, r)
+        assert r["flags_after"] == (True, False), rank
+        assert r["flags_inside"] == (False, False), rank

@@ -7,7 +7,17 @@ import multiprocessing
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+    get_worker_info,
+)
 
 from tests.spawn import cpu_group, run_workers
 
@@ -121,3 +131,68 @@ def test_sharding_across_processes() -> None:
         assert r["dist_sampler"] == [list(range(13))] and r["dist_epoch_set"] == 0
         assert r["resume"] == (True, 2 * world * 2)
         assert "different data loaders" in r["mismatch"] and "rank 1" in r["mismatch"]
+
+
+# -- a BatchSampler passed as sampler= with batch_size=None (Accelerate's
+# test_distributed_data_loop.py "sampler as an instance of BatchSampler") ---------------------
+class KeyBatches(Dataset):
+    """Indexed with a list of indices, returns that whole batch (as Accelerate's DummyDataset)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: Any) -> Any:
+        rows = [{"index": i, "label": i % 2} for i in ([index] if isinstance(index, int)
+                                                      else list(index))]
+        return rows[0] if isinstance(index, int) else rows
+
+
+#: (length, shuffle, even_batches, split_batches): uneven lengths, a partial last round
+BATCH_SAMPLER_CASES = [(22, False, True, False), (21, True, True, False), (9, False, True, False),
+                       (9, False, False, False), (3, True, False, False), (21, True, True, True),
+                       (9, False, False, True)]
+
+
+def _batch_sampler_worker(rank: int) -> dict[Any, Any]:
+    from accel import Accelerator, DataLoaderConfiguration
+
+    out: dict[Any, Any] = {}
+    for n, shuffle, even, split in BATCH_SAMPLER_CASES:
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+            even_batches=even, split_batches=split))
+        inner = RandomSampler(range(n)) if shuffle else SequentialSampler(range(n))
+        loader = acc.prepare(DataLoader(KeyBatches(n), sampler=BatchSampler(inner, 4, False),
+                                        batch_size=None, collate_fn=default_collate))
+        torch.rand(rank + 1)  # the ranks' global RNGs differ, as after a real training step
+        mine, gathered = [], []
+        for batch in loader:
+            mine.append(batch["index"].tolist())
+            index, label = acc.gather_for_metrics((batch["index"], batch["label"]))
+            assert label.tolist() == [i % 2 for i in index.tolist()]
+            gathered += index.tolist()
+        out[(n, shuffle, even, split)] = (mine, gathered, len(loader))
+    return out
+
+
+def test_batch_sampler_as_sampler_each_sample_once() -> None:
+    results = run_workers(_batch_sampler_worker, 2, timeout=120)
+    for case in BATCH_SAMPLER_CASES:
+        n, shuffle, even, split = case
+        (mine0, got0, len0), (mine1, got1, len1) = (r[case] for r in results)
+        assert (len0, len1) == (len(mine0), len(mine1)), case
+        # every sample exactly once; in the one-process order (rank 0 takes part in every
+        # gather; rank 1 misses the last one when it has no batch in the last round)
+        assert sorted(got0) == list(range(n)), (case, got0)
+        assert got1 == got0[:len(got1)], case
+        if not shuffle:
+            assert got0 == list(range(n)), case
+    # as Accelerate's BatchSamplerShard: whole batches round-robin, padded from the start
+    assert results[0][(9, False, True, False)][0] == [[0, 1, 2, 3], [8, 0, 1, 2]]
+    assert results[1][(9, False, True, False)][0] == [[4, 5, 6, 7], [3, 4, 5, 6]]
+    assert results[0][(9, False, False, False)][0] == [[0, 1, 2, 3], [8]]
+    assert results[1][(9, False, False, False)][0] == [[4, 5, 6, 7]]
+    assert results[0][(9, False, False, True)][0] == [[0, 1], [4, 5], [8]]
+    assert results[1][(9, False, False, True)][0] == [[2, 3], [6, 7]]

@@ -11,11 +11,27 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+)
 
 from accel.config import DataLoaderConfiguration
-from accel.data import (DataTracker, PreparedDataLoader, SeedableSampler, prepare_data_loader,
-                        send_to_device, skip_first_batches, trim_batch)
+from accel.data import (
+    DataTracker,
+    PreparedDataLoader,
+    SeedableSampler,
+    prepare_data_loader,
+    send_to_device,
+    skip_first_batches,
+    trim_batch,
+)
 from accel.data.loader import _select_source
 from accel.data.sources import IterableSource, MapSource
 from accel.distributed import Communicator, ProcessContext
@@ -411,6 +427,57 @@ def test_already_sharded_loaders_are_left_alone() -> None:
     dl = _prepared(DataLoader(stream, batch_size=2), 1, 2)
     assert [b.tolist() for b in dl] == [[0, 1], [2, 3], [4]]  # not sharded a second time
     assert stream.epochs == [0]
+
+
+class KeyBatches(Dataset):
+    """Fetches a whole batch at once when indexed with a list (as Accelerate's test dataset)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: Any) -> Any:
+        rows = [{"idx": i} for i in ([index] if isinstance(index, int) else list(index))]
+        return rows[0] if isinstance(index, int) else rows
+
+
+def _batch_sampler_as_sampler(sampler: Any, n: int, bs: int = 4) -> DataLoader:
+    return DataLoader(KeyBatches(n), sampler=BatchSampler(sampler, bs, False), batch_size=None,
+                      collate_fn=default_collate)
+
+
+def test_batch_sampler_passed_as_sampler_is_sharded_by_batch() -> None:
+    per_rank = []
+    for rank in range(2):
+        dl = _prepared(_batch_sampler_as_sampler(SequentialSampler(range(9)), 9), rank, 2)
+        per_rank.append([(b["idx"].tolist(), dl.current_real_len) for b in dl])
+        assert (dl.batch_size, dl.total_batch_size, len(dl)) == (4, 8, 2)
+    # Accelerate's BatchSamplerShard: whole batches dealt round-robin, the short last batch and
+    # the missing one completed from the epoch's start and marked as padding
+    assert per_rank[0] == [([0, 1, 2, 3], 4), ([8, 0, 1, 2], 1)]
+    assert per_rank[1] == [([4, 5, 6, 7], 4), ([3, 4, 5, 6], 0)]
+    # shuffled: one seeded permutation on both ranks, whatever each rank's global RNG did
+    orders = []
+    for rank in range(2):
+        torch.manual_seed(rank)
+        dl = _prepared(_batch_sampler_as_sampler(RandomSampler(range(22)), 22), rank, 2)
+        orders.append([b["idx"].tolist() for b in dl])
+    flat = [i for k in range(3) for r in range(2) for i in orders[r][k]]
+    assert sorted(flat[:22]) == list(range(22)) and flat[22:] == flat[:2]
+
+
+def test_batch_sampler_passed_as_sampler_over_distributed_sampler_is_left_alone() -> None:
+    epochs = []
+    for rank in range(2):
+        sampler = DistributedSampler(range(7), num_replicas=2, rank=rank, seed=5)
+        dl = _prepared(_batch_sampler_as_sampler(sampler, 7, bs=2), rank, 2)
+        epochs.append([[i for b in dl for i in b["idx"].tolist()] for _ in range(2)])
+        assert sampler.epoch == 1  # set_epoch reaches the sampler inside the batch sampler
+    for epoch in range(2):
+        assert sorted(set(epochs[0][epoch] + epochs[1][epoch])) == list(range(7))
+    assert epochs[0][0] != epochs[0][1]
 
 
 def test_lengths_and_attributes() -> None:
