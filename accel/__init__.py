@@ -28,6 +28,9 @@ _EXPORTS: dict[str, str] = {
     "InitProcessGroupKwargs": "accel.config",
     "PrecisionType": "accel.config",
     "ProjectConfiguration": "accel.config",
+    "AcceleratorState": "accel.state",
+    "GradientState": "accel.state",
+    "PartialState": "accel.state",
     "GeneralTracker": "accel.tracking",
     "debug_launcher": "accel.launch.notebook",
     "find_executable_batch_size": "accel.memory",
@@ -79,5 +82,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .memory import free_memory as free_memory
     from .memory import release_memory as release_memory
     from .progress import tqdm as tqdm
+    from .state import AcceleratorState as AcceleratorState
+    from .state import GradientState as GradientState
+    from .state import PartialState as PartialState
     from .tracking import GeneralTracker as GeneralTracker
     from .utils import set_seed as set_seed

@@ -15,12 +15,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
 import signal
 import sys
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -43,12 +42,13 @@ from .config import (
 )
 from .connector import Arguments, connect
 from .data import PreparedDataLoader, gather_for_metrics, send_to_device, skip_first_batches
-from .distributed.sync import any_rank, leader_first, split_for_rank
+from .distributed.sync import any_rank
 from .logging import main_print
 from .memory import release_memory
 from .preparation import Preparer
 from .progress import tqdm as _tqdm
 from .runstate import RunState
+from .state import AcceleratorState, GradientState, bind_accelerator_state, bind_gradient_state
 from .tracking import TrackerSet
 from .tracking import init_trackers as _init_trackers
 from .training import StepController
@@ -95,8 +95,10 @@ class Accelerator:
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             kwargs_handlers=kwargs_handlers, timeout=timeout, sync_batchnorm=sync_batchnorm,
             unsupported=unsupported))
-        self._options, self._rt, self.state = opts, rt, rt.context
+        self._options, self._rt = opts, rt
         self._run = RunState(AccumulationState.from_plugin(opts.accumulation))
+        self._state = bind_accelerator_state(rt)
+        self._gradient_state = bind_gradient_state(self._run)
         self._prep = Preparer(rt.comm, rt.precision, rt.strategy, self._run,
                               opts.dataloader_config, opts.step_scheduler_with_optimizer,
                               opts.sync_batchnorm, rt.hardware.batch_hook())
@@ -107,15 +109,26 @@ class Accelerator:
 
     # -- description ---------------------------------------------------------------------------
     def _announce(self) -> None:
-        if self.state.is_distributed and self.state.is_main_process:
-            print(f"accel: {self._rt.hardware.describe(self.state.world_size)}; collective "
+        ctx = self._rt.context
+        if ctx.is_distributed and ctx.is_main_process:
+            print(f"accel: {self._rt.hardware.describe(ctx.world_size)}; collective "
                   f"timeout {self.timeout.total_seconds():.0f} s", file=sys.stderr, flush=True)
 
     def __repr__(self) -> str:
-        return (f"Accelerator({self._rt.hardware.describe(self.state.world_size)}, "
+        return (f"Accelerator({self._rt.hardware.describe(self.num_processes)}, "
                 f"rank {self.process_index}, mixed_precision={self.mixed_precision!r})")
 
     # -- properties ----------------------------------------------------------------------------
+    @property
+    def state(self) -> AcceleratorState:
+        """This Accelerator's process and settings, as Accelerate's ``AcceleratorState``."""
+        return self._state
+
+    @property
+    def gradient_state(self) -> GradientState:
+        """This Accelerator's accumulation and loader state (``GradientState``), live."""
+        return self._gradient_state
+
     @property
     def gradient_accumulation_plugin(self) -> GradientAccumulationPlugin:
         return self._options.accumulation
@@ -151,35 +164,35 @@ class Accelerator:
 
     @property
     def device(self) -> torch.device:
-        return self.state.device
+        return self._rt.context.device
 
     @property
     def process_index(self) -> int:
-        return self.state.rank
+        return self._rt.context.rank
 
     @property
     def local_process_index(self) -> int:
-        return self.state.local_rank
+        return self._rt.context.local_rank
 
     @property
     def num_processes(self) -> int:
-        return self.state.world_size
+        return self._rt.context.world_size
 
     @property
     def is_main_process(self) -> bool:
-        return self.state.is_main_process
+        return self._rt.context.is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
+        return self._rt.context.is_local_main_process
 
     @property
     def is_last_process(self) -> bool:
-        return self.state.is_last_process
+        return self._rt.context.is_last_process
 
     @property
     def use_distributed(self) -> bool:
-        return self.state.is_distributed
+        return self._rt.context.is_distributed
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -364,23 +377,18 @@ class Accelerator:
         """A cheap sync point (no communication) for ``on_signal``; call it once per step."""
         self._rt.monitor.point()
 
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Run the block on the main process first (others wait without a timeout)."""
-        with leader_first(self.state, self._rt.group.store(), self._run.next_section()):
-            yield
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Run the block on each node's local main process first."""
-        with leader_first(self.state, self._rt.group.store(), self._run.next_section(),
-                          local=True):
-            yield
+        return self.state.local_main_process_first()
 
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this rank's contiguous share of ``inputs``."""
-        yield split_for_rank(self.state, inputs, apply_padding)
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False
+                                ) -> contextlib.AbstractContextManager[Any]:
+        """Yield this rank's contiguous share of ``inputs`` (unchanged in one process)."""
+        return self.state.split_between_processes(inputs, apply_padding)
 
     def set_trigger(self) -> None:
         """Flag a condition on this rank (e.g. early stopping) for ``check_trigger``."""
@@ -402,28 +410,23 @@ class Accelerator:
         return self._rt.strategy.join(joinables)
 
     # -- process helpers -----------------------------------------------------------------------
-    def _run_if(self, condition: bool, function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if condition else None
-        return wrapper
-
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self._run_if(self.is_main_process, function)
+        """Decorate ``function`` to run on the main process only (see ``PartialState``)."""
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self._run_if(self.is_local_main_process, function)
+        return self.state.on_local_main_process(function)
 
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self._run_if(self.is_last_process, function)
+        return self.state.on_last_process(function)
 
     def on_process(self, function: Callable[..., Any] | None = None,
                    process_index: int | None = None) -> Any:
-        if process_index is None:
-            raise ValueError("on_process needs process_index=<rank>")
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        return self._run_if(self.process_index == process_index, function)
+        return self.state.on_process(function, process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None,
+                         local_process_index: int | None = None) -> Any:
+        return self.state.on_local_process(function, local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""

@@ -30,13 +30,37 @@ __all__ = [
 
 
 class DistributedType(str, enum.Enum):
-    """How the job is distributed (values match Accelerate's)."""
+    """How the job is distributed; members and values are Accelerate's, so comparisons carry over.
+
+    accel produces ``NO`` (one process), ``MULTI_CPU`` and ``MULTI_GPU`` (DDP over gloo or
+    nccl) and ``XLA`` (torch_xla, one process or many, as Accelerate reports it). The other
+    members exist so that scripts written for Accelerate keep working: accel never produces
+    ``MULTI_NPU``, ``MULTI_MLU``, ``MULTI_SDAA``, ``MULTI_MUSA``, ``MULTI_XPU``, ``MULTI_HPU``,
+    ``MULTI_NEURON``, ``DEEPSPEED``, ``FSDP`` or ``MEGATRON_LM``, so a branch on one of them is
+    simply not taken. ``MULTI_XLA`` is accel's older name for ``XLA`` (an alias, same member).
+
+    Example:
+        >>> DistributedType.DEEPSPEED == "DEEPSPEED", DistributedType.NO == DistributedType.FSDP
+        (True, False)
+        >>> DistributedType.MULTI_XLA is DistributedType.XLA
+        True
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
     XLA = "XLA"
-    MULTI_XLA = "MULTI_XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    MULTI_XLA = "XLA"  # alias of XLA: Accelerate reports every torch_xla job as XLA
 
 
 class PrecisionType(str, enum.Enum):

@@ -56,8 +56,8 @@ from .precision import Precision, make_precision
 from .strategy import Strategy, select_strategy
 from .tracking import check_log_with
 
-__all__ = ["Arguments", "Handlers", "Options", "Runtime", "UNSUPPORTED_ARGUMENTS", "connect",
-           "sort_handlers"]
+__all__ = ["Arguments", "Handlers", "Options", "ProcessSetup", "Runtime", "UNSUPPORTED_ARGUMENTS",
+           "connect", "connect_process", "resolve_precision", "sort_handlers"]
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
 UNSUPPORTED_ARGUMENTS = {
@@ -126,6 +126,17 @@ class Options:
 
 
 @dataclass(frozen=True)
+class ProcessSetup:
+    """This process's place in the job: what ``PartialState`` needs, and the base of a runtime."""
+
+    settings: env.EnvSettings
+    launch: env.LaunchInfo
+    hardware: Device
+    context: ProcessContext
+    group: ProcessGroupHandle
+
+
+@dataclass(frozen=True)
 class Runtime:
     """What one ``Accelerator`` runs on; built once by :func:`connect`, never replaced."""
 
@@ -157,26 +168,52 @@ def connect(args: Arguments) -> tuple[Options, Runtime]:
     options = _resolve_options(args, settings, handlers)
     # Resolve everything that can fail before touching process-wide state.
     timeout = _resolve_timeout(args.timeout, handlers.init, settings)
+    process = _start_process(settings, args.device, args.cpu, handlers.init, timeout)
+    return options, _build_runtime(process, options, handlers)
+
+
+def connect_process(cpu: bool = False, init: InitProcessGroupKwargs | None = None
+                    ) -> ProcessSetup:
+    """Only the process part of :func:`connect`: device, context and process group.
+
+    The path ``PartialState`` takes: the same resolution as ``Accelerator(cpu=..., kwargs_handlers=
+    [init])``, so an ``Accelerator`` created later adopts the group started here (and a group
+    that already exists, from an ``Accelerator`` or the user, is adopted here).
+
+    Example:
+        >>> connect_process(cpu=True).context.world_size
+        1
+    """
+    if not isinstance(cpu, bool):
+        raise TypeError(f"cpu must be True or False, got {cpu!r}")
+    settings = env.read_settings()
+    timeout = _resolve_timeout(None, init, settings)
+    return _start_process(settings, None, cpu, init, timeout)
+
+
+def _start_process(settings: env.EnvSettings, device: str | None, cpu: bool,
+                   init: InitProcessGroupKwargs | None, timeout: timedelta | None
+                   ) -> ProcessSetup:
     if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
         torch.set_num_threads(settings.num_threads)
-    return options, _build_runtime(args, options, settings, handlers, timeout)
-
-
-def _build_runtime(args: Arguments, options: Options, settings: env.EnvSettings,
-                   handlers: Handlers, timeout: timedelta | None) -> Runtime:
     info = env.detect_launch()
-    hardware = select_device(args.device, args.cpu, settings)
+    hardware = select_device(device, cpu, settings)
     ctx = build_context(info, hardware)
-    init = handlers.init
     group = start_process_group(ctx, info, hardware, timeout, init.backend if init else None,
                                 init.init_method if init else None)
+    return ProcessSetup(settings, info, hardware, ctx, group)
+
+
+def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) -> Runtime:
+    settings, info, ctx, group = process.settings, process.launch, process.context, process.group
     monitor = CollectiveMonitor(ctx.rank, ctx.world_size, group.store(), settings.stall_seconds,
                                 group.timeout, attempt=info.restart_count)
     comm = Communicator(ctx, [monitor, *([consistency_check] if settings.debug else [])])
     precision = make_precision(options.precision_mode, ctx.device, options.autocast,
-                               handlers.scaler, hardware)
+                               handlers.scaler, process.hardware)
     strategy = select_strategy(ctx, options.device_placement, handlers.ddp)
-    return Runtime(settings, info, hardware, ctx, group, monitor, comm, precision, strategy)
+    return Runtime(settings, info, process.hardware, ctx, group, monitor, comm, precision,
+                   strategy)
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -223,7 +260,7 @@ def sort_handlers(handlers: list[KwargsHandler] | None) -> Handlers:
 def _resolve_options(args: Arguments, settings: env.EnvSettings, handlers: Handlers) -> Options:
     return Options(
         device_placement=args.device_placement,
-        precision_mode=_resolve_precision(args.mixed_precision, settings),
+        precision_mode=resolve_precision(args.mixed_precision, settings),
         accumulation=_resolve_accumulation(args.gradient_accumulation_steps,
                                            args.gradient_accumulation_plugin, settings),
         dataloader_config=args.dataloader_config or DataLoaderConfiguration(),
@@ -242,8 +279,9 @@ def _disagree(name: str, ctor: Any, env_name: str, env_value: Any, depth: int = 
                   f"`accel launch`; using {ctor!r}", stacklevel=depth)
 
 
-def _resolve_precision(ctor: str | PrecisionType | None, settings: env.EnvSettings
-                       ) -> PrecisionType:
+def resolve_precision(ctor: str | PrecisionType | None, settings: env.EnvSettings
+                      ) -> PrecisionType:
+    """The mixed-precision mode: ``ctor`` > ``ACCEL_MIXED_PRECISION`` > ``"no"``."""
     from_env = parse_mixed_precision(settings.mixed_precision) if settings.mixed_precision \
         else None
     if ctor is None:

@@ -62,8 +62,6 @@ class RunState:
     #: (OrderedDicts: torch's RemovableHandle holds a weak reference to them)
     save_hooks: OrderedDict[int, SaveHook] = field(default_factory=OrderedDict)
     load_hooks: OrderedDict[int, LoadHook] = field(default_factory=OrderedDict)
-    #: ``main_process_first`` blocks entered so far (each needs its own store key)
-    sections: int = 0
     #: ``set_trigger`` was called on this rank since the last ``check_trigger``
     trigger: bool = False
 
@@ -75,11 +73,6 @@ class RunState:
     @property
     def optimizer_step_was_skipped(self) -> bool:
         return any(opt.step_was_skipped for opt in self.optimizers)
-
-    def next_section(self) -> str:
-        """A store key for the next ``main_process_first`` block (the same on every rank)."""
-        self.sections += 1
-        return f"s{self.sections}"
 
     def snapshot(self, scaler: Stateful, model_io: ModelStateIO, device: Device) -> RunSnapshot:
         """What ``save_state``/``load_state`` see of this run (the checkpoint protocol's input).

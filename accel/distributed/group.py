@@ -16,7 +16,8 @@ from ..env import LaunchInfo
 from .context import ProcessContext
 from .settle import settle
 
-__all__ = ["DEFAULT_TIMEOUT", "ProcessGroupHandle", "build_context", "start_process_group"]
+__all__ = ["DEFAULT_TIMEOUT", "ProcessGroupHandle", "build_context", "destroy_process_group",
+           "start_process_group"]
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -129,6 +130,18 @@ def start_process_group(
     dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size,
                             timeout=timeout, **kwargs)
     return ProcessGroupHandle(True, backend, timeout)
+
+
+def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
+    """End ``group``, or the default group whoever started it (``PartialState``'s method).
+
+    A no-op when no group exists. Handles that adopted the default group then find it inactive.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if group is None:
+        settle()  # the group's destructor joins its workers; let them finish first
+    dist.destroy_process_group(group)
 
 
 class _GroupOptions(TypedDict, total=False):

@@ -43,18 +43,23 @@ def _wait_for_count(store: dist.Store, key: str, count: int) -> None:
 
 
 @contextlib.contextmanager
-def leader_first(ctx: ProcessContext, store: dist.Store | None, key: str,
+def leader_first(ctx: ProcessContext, store: dist.Store | None,
                  local: bool = False) -> Iterator[None]:
     """Run the block on the leader first, then on the other ranks.
 
     The leader (rank 0, or local rank 0 of each node with ``local=True``) leaves only after every
-    member finished the block, as Accelerate's ``main_process_first`` does.
+    member finished the block, as Accelerate's ``main_process_first`` does. Each block gets the
+    next number of a per-rank counter kept in the group's store, so that every object of this
+    process that coordinates (each ``Accelerator``, each ``PartialState``) draws from one
+    sequence and two of them never reuse a key; ranks agree because each enters the same blocks
+    in the same order.
     """
     if not ctx.is_distributed or store is None:
         yield
         return
+    block = store.add(f"accel/first/count/rank{ctx.rank}", 1)
     leader = ctx.local_rank == 0 if local else ctx.rank == 0
-    scope = f"{key}/node{ctx.node_rank}" if local else f"{key}/all"
+    scope = f"s{block}/node{ctx.node_rank}" if local else f"s{block}/all"
     members = ctx.local_world_size if local else ctx.world_size
     if not leader:
         wait_for_key(store, f"accel/first/{scope}/leader")

@@ -18,7 +18,7 @@ class XLAStrategy(Strategy):
 
     @property
     def distributed_type(self) -> DistributedType:
-        return DistributedType.MULTI_XLA if self.ctx.is_distributed else DistributedType.XLA
+        return DistributedType.XLA  # one process or many, as Accelerate reports it
 
     def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
         return self._convert_and_place(model, sync_batchnorm)

@@ -83,6 +83,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/checkpoint/*", "L4"),
     ("accel/utils.py", "L5"),  # Accelerate's accelerate.utils names, over L0-L4
     ("accel/accelerator.py", "L5"),
+    ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4
 ]
 ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6,
                          "api": 7}

