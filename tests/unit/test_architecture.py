@@ -7,7 +7,7 @@ Layer map (a module imports only from its own layer or below; no import cycles):
     L2    distributed/                                         process group, collectives
     L3    precision/  strategy/  data/  rng  accumulation  progress  tracking  memory
     L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,protocol}
-    L5    accelerator  utils  state
+    L5    accelerator (+ checkpointing, its checkpoint methods)  utils  state
     L6    horovod/  ps/  big_modeling/                         other front doors onto L2-L4
     side  launch/                                              env and config only; torch lazily
     api   accel/__init__.py                                    the lazy public facade
@@ -82,6 +82,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/preparation.py", "L4"),
     ("accel/checkpoint/*", "L4"),
     ("accel/utils.py", "L5"),  # Accelerate's accelerate.utils names, over L0-L4
+    ("accel/checkpointing.py", "L5"),  # the facade's checkpoint methods (a mixin of it)
     ("accel/accelerator.py", "L5"),
     ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4
 ]

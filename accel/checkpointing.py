@@ -1,0 +1,158 @@
+"""The checkpoint part of the ``Accelerator`` facade: what is saved, by whom, and the hooks.
+
+``Accelerator`` inherits these methods; they delegate to the checkpoint protocol (with a
+snapshot of the run state) and to the strategy (for full model state dicts), and keep no state
+of their own: registered objects and hooks live in the run state.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .checkpoint import check_registrable, load_run, save_run
+from .checkpoint.storage import files as _ckpt_files
+from .connector import Options, Runtime
+from .runstate import RunState
+
+__all__ = ["CheckpointingMixin"]
+
+
+class CheckpointingMixin:
+    """``save_state``/``load_state``, their hooks, and single-file ``save``/``save_model``."""
+
+    _rt: Runtime
+    _run: RunState
+    _options: Options
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``.
+
+        Their state may hold tensors, numpy arrays, numbers, strings and containers of them (it
+        is stored as safetensors + JSON, never pickled). They are matched by position: register
+        the same objects in the same order before ``load_state``.
+
+        Example:
+            >>> class Step:
+            ...     def __init__(self): self.n = 0
+            ...     def state_dict(self): return {"n": self.n}
+            ...     def load_state_dict(self, state): self.n = state["n"]
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> accelerator.register_for_checkpointing(Step())
+        """
+        self._run.custom.extend(check_registrable(obj) for obj in objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` on every rank before ``save_state`` writes.
+
+        ``models`` are the prepared models, ``weights`` their state dicts (same order) and
+        ``output_dir`` the directory being written. A hook that saves a model itself (e.g.
+        ``save_pretrained(os.path.join(output_dir, "unet"))`` on the main process) pops its
+        entry from ``weights``; what it writes there becomes part of the atomic checkpoint
+        (listed and hashed in its manifest). Returns a handle whose ``remove()`` unregisters it.
+
+        Example:
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> handle = accelerator.register_save_state_pre_hook(lambda m, w, d: None)
+            >>> handle.remove()
+        """
+        return self._register_hook(self._run.save_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` on every rank before ``load_state`` loads models.
+
+        A hook that loads a model itself pops it from ``models``; the others are loaded by
+        accel in order. Returns a handle whose ``remove()`` unregisters it.
+        """
+        return self._register_hook(self._run.load_hooks, hook)
+
+    @staticmethod
+    def _register_hook(hooks: OrderedDict[int, Any], hook: Callable[..., None]
+                       ) -> RemovableHandle:
+        if not callable(hook):
+            raise TypeError(f"a state hook must be callable, got {type(hook).__name__}")
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
+                   **unsupported: Any) -> str:
+        """Save everything prepared or registered, on every rank, atomically and without pickle.
+
+        Models, optimizers, schedulers, the fp16 scaler, registered objects, each rank's RNG
+        states and each prepared loader's position. Call it on every rank. Without
+        ``output_dir`` it writes ``<project_dir>/checkpoints/checkpoint_<n+1>`` and keeps at most
+        ``total_limit`` (or ``ProjectConfiguration.total_limit``) complete checkpoints, never
+        deleting the new one nor the one loaded last.
+
+        Example:
+            >>> import tempfile
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True, project_dir=tempfile.mkdtemp())
+            >>> accelerator.save_state().endswith("checkpoint_0")
+            True
+        """
+        if unsupported:
+            raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
+                            "accel always writes safetensors + JSON")
+        project, rt = self._options.project, self._rt
+        return str(save_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
+                            output_dir, total_limit, project.project_dir, project.total_limit))
+
+    def load_state(self, input_dir: str | None = None, strict: bool = True,
+                   missing_ok: bool = False) -> str | None:
+        """Restore a checkpoint on every rank; without ``input_dir`` the newest complete one.
+
+        Afterwards iterating a prepared loader continues with the next unseen batch and the RNG
+        streams continue where they were, so training resumes exactly. A missing or corrupt
+        component raises ``CheckpointError`` naming the file on every rank; ``strict=False``
+        skips it with a warning on each affected rank. ``missing_ok=True`` (without
+        ``input_dir``) returns None when no complete checkpoint exists yet, so one script both
+        starts fresh and resumes after ``accel launch --max_restarts N`` restarted it.
+
+        Example:
+            >>> import tempfile
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True, project_dir=tempfile.mkdtemp())
+            >>> accelerator.load_state(missing_ok=True) is None
+            True
+        """
+        rt = self._rt
+        loaded = load_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
+                          input_dir, self._options.project.project_dir, strict, missing_ok)
+        if loaded is None:
+            return None
+        self._run.restored(loaded.path, loaded.accumulation_step, loaded.optimizer_steps)
+        return str(loaded.path)
+
+    def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
+        """Save a state dict or module as safetensors (main process only, atomic)."""
+        if not safe_serialization and self._rt.context.is_main_process:
+            warnings.warn("save(safe_serialization=False) is ignored: accel always writes "
+                          "safetensors (no pickle), whatever the file extension", stacklevel=2)
+        if self._rt.context.is_main_process:
+            _ckpt_files.save(self._rt.strategy.model_state_dict(obj)
+                             if isinstance(obj, nn.Module) else obj, f)
+
+    def save_model(self, model: nn.Module, save_directory: str,
+                   max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+        """Sharded safetensors with a Hugging Face style index (main process only)."""
+        if self._rt.context.is_main_process:
+            _ckpt_files.save_model(self.get_state_dict(model), save_directory, max_shard_size)
+
+    def load_model(self, model: nn.Module, load_directory: str, strict: bool = True) -> Any:
+        """Load weights written by ``save_model`` (or ``save``) into ``model``."""
+        return _ckpt_files.load_model(self._rt.strategy.unwrap(model), load_directory,
+                                      strict=strict)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (gathered by the strategy when it is sharded)."""
+        return self._rt.strategy.model_state_dict(model) if unwrap else dict(model.state_dict())
