@@ -7,6 +7,7 @@ of their own: registered objects and hooks live in the run state.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -84,7 +85,7 @@ class CheckpointingMixin:
         return handle
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
-                   **unsupported: Any) -> str:
+                   safe_serialization: bool = True, **unsupported: Any) -> str:
         """Save everything prepared or registered, on every rank, atomically and without pickle.
 
         Models, optimizers, schedulers, the fp16 scaler, registered objects, each rank's RNG
@@ -103,6 +104,9 @@ class CheckpointingMixin:
         if unsupported:
             raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
                             "accel always writes safetensors + JSON")
+        if not safe_serialization and self._rt.context.is_main_process:
+            warnings.warn("save_state(safe_serialization=False) is ignored: accel checkpoints "
+                          "are always safetensors + JSON (never pickle)", stacklevel=2)
         project, rt = self._options.project, self._rt
         return str(save_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
                             output_dir, total_limit, project.project_dir, project.total_limit))
@@ -133,14 +137,36 @@ class CheckpointingMixin:
         self._run.restored(loaded.path, loaded.accumulation_step, loaded.optimizer_steps)
         return str(loaded.path)
 
-    def save(self, obj: Any, f: str, safe_serialization: bool = True) -> None:
-        """Save a state dict or module as safetensors (main process only, atomic)."""
-        if not safe_serialization and self._rt.context.is_main_process:
-            warnings.warn("save(safe_serialization=False) is ignored: accel always writes "
-                          "safetensors (no pickle), whatever the file extension", stacklevel=2)
-        if self._rt.context.is_main_process:
-            _ckpt_files.save(self._rt.strategy.model_state_dict(obj)
-                             if isinstance(obj, nn.Module) else obj, f)
+    def save(self, obj: Any, f: str | os.PathLike[str],
+             safe_serialization: bool | None = None) -> None:
+        """Save ``obj`` to ``f`` on the main process, atomically (a module: its state dict).
+
+        ``safe_serialization=True`` writes safetensors (tensors only); ``False`` writes what
+        Accelerate's default writes, ``torch.save``'s format, for scripts that read the file
+        with ``torch.load`` (keep it to tensors and plain values so that
+        ``torch.load(f, weights_only=True)`` reads it). Left out, the file name decides:
+        ``*.safetensors`` gets safetensors, anything else ``torch.save``'s format, as in
+        Accelerate. ``save_state`` checkpoints are always safetensors + JSON, whatever this.
+
+        Example:
+            >>> import os, tempfile, torch
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True)
+            >>> folder = tempfile.mkdtemp()
+            >>> accelerator.save({"epoch": 3}, os.path.join(folder, "extra.pt"))
+            >>> torch.load(os.path.join(folder, "extra.pt"), weights_only=True)
+            {'epoch': 3}
+        """
+        if not self._rt.context.is_main_process:
+            return
+        if isinstance(obj, nn.Module):
+            obj = self._rt.strategy.model_state_dict(obj)
+        if safe_serialization is None:
+            safe_serialization = os.fspath(f).endswith(".safetensors")
+        if safe_serialization:
+            _ckpt_files.save(obj, f)
+        else:
+            _ckpt_files.save_torch(obj, f)
 
     def save_model(self, model: nn.Module, save_directory: str,
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import warnings
 
 import pytest
@@ -225,10 +227,22 @@ def test_accel_num_threads_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.set_num_threads(before)
 
 
-def test_save_warns_that_pickle_is_never_written(tmp_path: object) -> None:
-    acc = Accelerator(cpu=True)
-    with pytest.warns(UserWarning, match="always writes safetensors"):
-        acc.save({"w": torch.ones(1)}, f"{tmp_path}/m.bin", safe_serialization=False)
+def test_save_writes_what_accelerate_writes_unless_asked_for_safetensors(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    acc = Accelerator(cpu=True, project_dir=str(tmp_path))
+    model = nn.Linear(2, 1)
+    acc.save({"epoch": 3, "w": torch.ones(1)}, tmp_path / "extra.pt")  # Accelerate's default
+    assert torch.load(tmp_path / "extra.pt", weights_only=True)["epoch"] == 3
+    acc.save(model, tmp_path / "m.bin", safe_serialization=False)  # a module: its state dict
+    assert set(torch.load(tmp_path / "m.bin", weights_only=True)) == {"weight", "bias"}
+    acc.save(model, tmp_path / "m.pt", safe_serialization=True)
+    acc.save(model, tmp_path / "m.safetensors")  # the name asks for safetensors
+    for name in ("m.pt", "m.safetensors"):
+        assert torch.equal(load_file(tmp_path / name)["weight"], model.weight)
+    assert not list(tmp_path.glob(".*tmp*"))  # written atomically, nothing left behind
+    with pytest.warns(UserWarning, match="always safetensors"):
+        acc.save_state(safe_serialization=False)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -184,7 +184,7 @@ def test_save_and_load_model_files(tmp_path: Path) -> None:
     acc = Accelerator(cpu=True)
     model, _ = _trained(acc)
     state = acc.unwrap_model(model).state_dict()
-    acc.save(acc.unwrap_model(model), str(tmp_path / "model.pth"))
+    acc.save(acc.unwrap_model(model), str(tmp_path / "model.pth"), safe_serialization=True)
     assert (tmp_path / "model.pth").read_bytes()[:2] not in (b"PK", b"\x80\x04")  # not pickle
     loaded = accel.checkpoint.load(tmp_path / "model.pth")
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)

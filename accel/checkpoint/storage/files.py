@@ -31,7 +31,7 @@ from ._io import HashingWriter, fsync_dir, new_token, read_hashed
 from .errors import CheckpointError
 
 __all__ = ["INDEX_NAME", "WEIGHTS_NAME", "load", "load_model", "load_model_state",
-           "parse_size", "save", "save_model"]
+           "parse_size", "save", "save_model", "save_torch"]
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -72,6 +72,35 @@ def save(obj: Any, path: str | Path, metadata: Mapping[str, str] | None = None) 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(path, _state_dict(obj), metadata)
+
+
+def save_torch(obj: Any, path: str | Path) -> None:
+    """Write ``obj`` with ``torch.save`` (what Accelerate's ``save`` writes), atomically.
+
+    For scripts that read the file back with ``torch.load``: keep ``obj`` to tensors and plain
+    Python values so that ``torch.load(path, weights_only=True)`` reads it without running
+    pickled code. The file is written under a temporary name, fsynced and renamed. accel's own
+    checkpoints (``save_state``) never use this format.
+
+    Example:
+        >>> import tempfile, torch
+        >>> path = Path(tempfile.mkdtemp()) / "state.pt"
+        >>> save_torch({"epoch": 3, "w": torch.zeros(2)}, path)
+        >>> torch.load(path, weights_only=True)["epoch"]
+        3
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{new_token()}"
+    try:
+        with open(tmp, "wb") as out:
+            torch.save(obj, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
