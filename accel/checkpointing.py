@@ -11,6 +11,7 @@ import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -164,9 +165,9 @@ class CheckpointingMixin:
         if safe_serialization is None:
             safe_serialization = os.fspath(f).endswith(".safetensors")
         if safe_serialization:
-            _ckpt_files.save(obj, f)
+            _ckpt_files.save(obj, Path(f))
         else:
-            _ckpt_files.save_torch(obj, f)
+            _ckpt_files.save_torch(obj, Path(f))
 
     def save_model(self, model: nn.Module, save_directory: str,
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:

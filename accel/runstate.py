@@ -65,6 +65,16 @@ class RunState:
     #: ``set_trigger`` was called on this rank since the last ``check_trigger``
     trigger: bool = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy goes to another process (a DataLoader worker started with spawn that captured
+        # the Accelerator): what was prepared and registered belongs to this process's training
+        # (a DDP model cannot even be unpickled without a process group), so the copy has none.
+        state = dict(self.__dict__)
+        for name in ("models", "optimizers", "schedulers", "dataloaders", "custom"):
+            state[name] = []
+        state.update(prepared_ids=set(), save_hooks=OrderedDict(), load_hooks=OrderedDict())
+        return state
+
     @property
     def optimizer_steps(self) -> int:
         """Optimizer steps taken so far (the most of any prepared optimizer)."""

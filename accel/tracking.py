@@ -351,6 +351,11 @@ class TrackerSet:
         self.started = True  # False only for ``pending()``: init_trackers not called here yet
         self._warned = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Trackers hold open files and runs of this process: a copy (pickled into a DataLoader
+        # worker, say) has none, and logging there does nothing, silently.
+        return dict(self.__dict__, trackers=[], is_main=False)
+
     @classmethod
     def pending(cls, is_main: bool) -> TrackerSet:
         """The trackers before ``init_trackers`` ran on this process (``log_with`` was given)."""

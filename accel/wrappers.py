@@ -99,6 +99,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             raise AttributeError(name)
         return getattr(self.optimizer, name)
 
+    # torch.optim.Optimizer's own pickling reads attributes that live on the wrapped optimizer
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
 

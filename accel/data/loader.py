@@ -56,6 +56,11 @@ class DataTracker:
         self._stack: list[tuple[object, PreparedDataLoader]] = []
         self._groups: dict[tuple[int, ...], Any] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Process groups belong to this process and what is being iterated to this moment: a
+        # copy (pickled into a DataLoader worker, say) starts with neither.
+        return {"_stack": [], "_groups": {}}
+
     @property
     def active(self) -> PreparedDataLoader | None:
         """The innermost loader currently being iterated, or ``None``."""

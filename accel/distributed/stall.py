@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -123,6 +123,13 @@ class CollectiveMonitor:
         self._agreed: int | None = None
         self._handling = False
         self._publish(0, "start", call_site(sys._getframe(1)))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy lives in another process (a DataLoader worker started with spawn, say) that
+        # cannot reach this one's store or threads: it is a monitor without a store, which
+        # publishes nothing and never reports.
+        timeout = timedelta(seconds=self.timeout) if self.timeout is not None else None
+        return (CollectiveMonitor, (self.rank, self.world_size, None, self.threshold, timeout))
 
     # -- the hook --------------------------------------------------------------------------
     def __call__(self, op: str, leaves: Sequence[torch.Tensor]) -> _Scope:

@@ -135,3 +135,26 @@ def test_run_state_is_owned_per_accelerator_and_restored_explicitly() -> None:
     run.optimizers.append(opt)
     run.restored(Path("ckpt"), accumulation_step=3, optimizer_steps=7)
     assert (run.accumulation.step, opt.steps_taken, run.loaded_dir) == (3, 7, Path("ckpt"))
+
+
+def test_autocast_forward_survives_deepcopy_and_pickle() -> None:
+    """An EMA copy of a prepared bf16 model runs its own weights; a pickled one too."""
+    import copy
+    import inspect
+    import pickle
+
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    model = acc.prepare(nn.Linear(2, 1))
+    ema = copy.deepcopy(model)
+    with torch.no_grad():
+        ema.weight.zero_()
+        ema.bias.zero_()
+    x = torch.ones(1, 2)
+    assert ema(x).item() == 0.0 and model(x).item() != 0.0  # not the original's forward
+    twin = pickle.loads(pickle.dumps(model))
+    assert torch.equal(twin(x), model(x)) and twin(x).dtype == torch.float32
+    assert list(inspect.signature(model.forward).parameters) == ["input"]
+    acc.unwrap_model(twin, keep_fp32_wrapper=False)
+    assert "forward" not in twin.__dict__
+    clone = pickle.loads(pickle.dumps(acc))  # the Accelerator itself (for DataLoader workers)
+    assert (clone.process_index, clone.mixed_precision, clone._run.models) == (0, "bf16", [])
