@@ -20,6 +20,7 @@ from ._version import __version__
 _EXPORTS: dict[str, str] = {
     "Accelerator": "accel.accelerator",
     "AutocastKwargs": "accel.config",
+    "DDPCommunicationHookType": "accel.config",
     "DataLoaderConfiguration": "accel.config",
     "DistributedDataParallelKwargs": "accel.config",
     "DistributedType": "accel.config",
@@ -42,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "save": "accel.checkpoint",
     "set_seed": "accel.utils",
     "skip_first_batches": "accel.data",
+    "synchronize_rng_states": "accel.utils",
     "tqdm": "accel.progress",
 }
 
@@ -67,6 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import save as save
     from .config import AutocastKwargs as AutocastKwargs
     from .config import DataLoaderConfiguration as DataLoaderConfiguration
+    from .config import DDPCommunicationHookType as DDPCommunicationHookType
     from .config import DistributedDataParallelKwargs as DistributedDataParallelKwargs
     from .config import DistributedType as DistributedType
     from .config import GradientAccumulationPlugin as GradientAccumulationPlugin
@@ -87,3 +90,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from .state import PartialState as PartialState
     from .tracking import GeneralTracker as GeneralTracker
     from .utils import set_seed as set_seed
+    from .utils import synchronize_rng_states as synchronize_rng_states

@@ -9,12 +9,14 @@ Example:
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
 __all__ = [
     "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
@@ -61,6 +63,25 @@ class DistributedType(str, enum.Enum):
     MULTI_HPU = "MULTI_HPU"
     MULTI_NEURON = "MULTI_NEURON"
     MULTI_XLA = "XLA"  # alias of XLA: Accelerate reports every torch_xla job as XLA
+
+
+class DDPCommunicationHookType(str, enum.Enum):
+    """A DDP gradient communication hook (``DistributedDataParallelKwargs(comm_hook=...)``).
+
+    ``FP16``/``BF16`` all-reduce gradients compressed to that dtype; ``POWER_SGD`` and
+    ``BATCHED_POWER_SGD`` use PowerSGD's low-rank compression (options in ``comm_state_option``).
+    Members and values are Accelerate's.
+
+    Example:
+        >>> DDPCommunicationHookType("fp16") is DDPCommunicationHookType.FP16
+        True
+    """
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
 
 
 class PrecisionType(str, enum.Enum):
@@ -117,9 +138,39 @@ class KwargsHandler:
         }
 
 
+def _hook_type(value: Any, name: str,
+               allowed: tuple[DDPCommunicationHookType, ...]) -> DDPCommunicationHookType:
+    try:
+        member = DDPCommunicationHookType(value)
+    except ValueError:
+        member = None
+    if member is None or member not in allowed:
+        names = ", ".join(f"DDPCommunicationHookType.{m.name}" for m in allowed)
+        raise ValueError(f"DistributedDataParallelKwargs({name}={value!r}) is not supported; "
+                         f"expected one of {names}")
+    return member
+
+
+_POWER_SGD = (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD)
+#: fields that configure the communication hook, not the DDP constructor
+_HOOK_FIELDS = ("comm_hook", "comm_wrapper", "comm_state_option")
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Arguments forwarded to ``torch.nn.parallel.DistributedDataParallel``."""
+    """Arguments forwarded to ``torch.nn.parallel.DistributedDataParallel``, and its gradient
+    communication hook.
+
+    ``comm_hook`` picks a hook (:class:`DDPCommunicationHookType`); ``comm_wrapper`` (``FP16`` or
+    ``BF16``) compresses what that hook sends; ``comm_state_option`` holds keyword arguments of
+    ``PowerSGDState`` (e.g. ``{"matrix_approximation_rank": 2}``), for the PowerSGD hooks only.
+    The hook is registered when the model is wrapped for DDP (a no-op on one process).
+
+    Example:
+        >>> kw = DistributedDataParallelKwargs(comm_hook="fp16", bucket_cap_mb=10)
+        >>> kw.comm_hook is DDPCommunicationHookType.FP16, kw.to_kwargs()
+        (True, {'bucket_cap_mb': 10})
+    """
 
     dim: int = 0
     broadcast_buffers: bool = True
@@ -128,6 +179,31 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.comm_hook = _hook_type(self.comm_hook, "comm_hook", tuple(DDPCommunicationHookType))
+        no, fp16, bf16 = (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16,
+                          DDPCommunicationHookType.BF16)
+        self.comm_wrapper = _hook_type(self.comm_wrapper, "comm_wrapper", (no, fp16, bf16))
+        if not isinstance(self.comm_state_option, dict):
+            raise TypeError("comm_state_option must be a dict of PowerSGDState arguments, got "
+                            f"{type(self.comm_state_option).__name__}")
+        # Accelerate ignores these silently; ignoring user configuration warns here (§3.8).
+        if self.comm_wrapper is not no and self.comm_hook is no:
+            warnings.warn(f"comm_wrapper={self.comm_wrapper.name} is ignored without a comm_hook; "
+                          "set comm_hook too (e.g. DDPCommunicationHookType.POWER_SGD)",
+                          stacklevel=3)
+        if self.comm_state_option and self.comm_hook not in _POWER_SGD:
+            warnings.warn("comm_state_option is used by the PowerSGD hooks only and is ignored "
+                          f"with comm_hook={self.comm_hook.name}; set comm_hook=POWER_SGD or "
+                          "BATCHED_POWER_SGD, or drop it", stacklevel=3)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The changed arguments of the DDP constructor (the hook fields are not among them)."""
+        return {k: v for k, v in super().to_kwargs().items() if k not in _HOOK_FIELDS}
 
 
 @dataclass

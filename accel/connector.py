@@ -53,6 +53,7 @@ from .distributed import (
 from .distributed.debug import consistency_check
 from .distributed.stall import CollectiveMonitor
 from .precision import Precision, make_precision
+from .rng import RNG_TYPES
 from .strategy import Strategy, select_strategy
 from .tracking import check_log_with
 
@@ -74,7 +75,7 @@ UNSUPPORTED_ARGUMENTS = {
     "use_seedable_sampler": "pass dataloader_config=DataLoaderConfiguration(...)",
 }
 
-_RNG_TYPES = ("torch", "cuda", "xla", "generator")
+_RNG_TYPES = RNG_TYPES
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,22 @@ Example:
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from .device import DEVICE_KINDS
 from .device.base import Device
 
-__all__ = ["capture", "rank_seed", "restore", "seed_everything"]
+if TYPE_CHECKING:
+    from .distributed import Communicator
+
+__all__ = ["RNG_TYPES", "capture", "rank_seed", "restore", "seed_everything", "synchronize"]
+
+#: Accelerate's rng type names that accel can synchronise (its devices: CPU, CUDA, XLA).
+RNG_TYPES = ("torch", "cuda", "xla", "generator")
 
 _SEED_MODULUS = 2**31  # rank_seed() values fit every generator's seed type
 
@@ -81,3 +89,42 @@ def rank_seed(step: int, rank: int) -> int:
         True
     """
     return (step * 1_000_003 + rank * 7919 + 12345) % _SEED_MODULUS
+
+
+def _device_states(kind: str) -> tuple[Device, dict[str, Any]]:
+    cls = DEVICE_KINDS[kind]
+    if not cls.available():
+        raise RuntimeError(f"cannot synchronise the {kind!r} RNG: no {kind} device is available "
+                           "here; drop it from rng_types")
+    device = cls()
+    return device, {k: v.cpu() for k, v in (device.rng_state() or {}).items()}
+
+
+def synchronize(rng_types: Iterable[str], comm: Communicator,
+                generator: torch.Generator | None = None) -> None:
+    """Give every rank rank 0's state of each generator named in ``rng_types``.
+
+    ``torch`` is the CPU generator, ``cuda``/``xla`` the device's, ``generator`` the one passed.
+
+    Raises:
+        ValueError: an unknown rng type, or ``generator`` named without a generator.
+
+    Example:
+        >>> from accel.distributed import Communicator, ProcessContext
+        >>> comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+        >>> synchronize(["torch"], comm)  # one process: nothing to copy
+    """
+    for name in [str(getattr(t, "value", t)) for t in rng_types]:  # accepts str enum members
+        if name not in RNG_TYPES:
+            raise ValueError(f"unknown rng type {name!r}; accel synchronises {RNG_TYPES}")
+        if name == "torch":
+            state = torch.get_rng_state()
+            torch.set_rng_state(comm.broadcast(state, 0))
+        elif name == "generator":
+            if generator is None:
+                raise ValueError("rng type 'generator' needs the generator: pass "
+                                 "synchronize_rng_states(..., generator=your_generator)")
+            generator.set_state(comm.broadcast(generator.get_state(), 0))
+        else:
+            device, states = _device_states(name)
+            device.set_rng_state(comm.broadcast(states, 0))

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import abc
 import csv
+import functools
 import json
 import numbers
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -45,9 +46,37 @@ from typing import Any, ClassVar
 from ._optional import is_available, require
 
 __all__ = ["CSVTracker", "check_log_with", "GeneralTracker", "JSONLTracker", "TensorBoardTracker",
-           "TrackerSet", "available_trackers", "init_trackers"]
+           "TrackerSet", "available_trackers", "init_trackers", "on_main_process"]
 
 Scalar = bool | int | float | str
+
+
+def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a tracker method so that it runs on the main process only, when the tracker's
+    ``main_process_only`` attribute is true (Accelerate's decorator for custom trackers).
+
+    The rank is read when the method is called (from the launcher environment), so decorating
+    needs no ``Accelerator``; elsewhere the method returns None.
+
+    Example:
+        >>> class Printer:
+        ...     main_process_only = True
+        ...     @on_main_process
+        ...     def log(self, values):
+        ...         print(values)
+        >>> Printer().log({"loss": 1.0})  # a plain `python` run is rank 0
+        {'loss': 1.0}
+    """
+    @functools.wraps(function)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "main_process_only", False):
+            from .env import detect_launch  # stdlib only; read at call time
+
+            if detect_launch().rank != 0:
+                return None
+        return function(self, *args, **kwargs)
+
+    return run
 
 
 class GeneralTracker(abc.ABC):

@@ -13,15 +13,47 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import os
+import sys
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from . import env
+from . import env, rng
+from .availability import (
+    is_aim_available,
+    is_bf16_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_dvclive_available,
+    is_matplotlib_available,
+    is_mlflow_available,
+    is_mps_available,
+    is_pandas_available,
+    is_peft_available,
+    is_rich_available,
+    is_safetensors_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_torch_xla_available,
+    is_torchvision_available,
+    is_tqdm_available,
+    is_trackio_available,
+    is_transformers_available,
+    is_wandb_available,
+)
 from .config import (
     AutocastKwargs,
     DataLoaderConfiguration,
+    DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     DistributedType,
     GradientAccumulationPlugin,
@@ -29,19 +61,33 @@ from .config import (
     InitProcessGroupKwargs,
     PrecisionType,
     ProjectConfiguration,
+    parse_mixed_precision,
 )
 from .data import send_to_device, skip_first_batches
 from .device import DEVICE_KINDS
 from .distributed import Communicator, ProcessContext, build_context
 from .memory import find_executable_batch_size, release_memory
+from .precision import remove_forward_wrapper
+from .progress import tqdm
 from .rng import seed_everything
+from .strategy import strip_parallel
 
 __all__ = [
-    "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
-    "DistributedType", "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs",
-    "PrecisionType", "ProjectConfiguration", "broadcast", "broadcast_object_list",
-    "find_executable_batch_size", "gather", "gather_object", "pad_across_processes", "reduce",
+    "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
+    "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
+    "ProjectConfiguration", "broadcast", "broadcast_object_list", "extract_model_from_parallel",
+    "find_executable_batch_size", "gather", "gather_object", "is_aim_available",
+    "is_bf16_available", "is_clearml_available", "is_comet_ml_available", "is_compiled_module",
+    "is_cuda_available", "is_datasets_available", "is_dvclive_available",
+    "is_matplotlib_available", "is_mlflow_available", "is_mps_available", "is_pandas_available",
+    "is_peft_available", "is_rich_available", "is_safetensors_available", "is_swanlab_available",
+    "is_tensorboard_available", "is_torch_xla_available", "is_torchvision_available",
+    "is_tqdm_available", "is_trackio_available", "is_transformers_available",
+    "is_wandb_available", "pad_across_processes", "patch_environment", "reduce",
     "release_memory", "send_to_device", "set_seed", "skip_first_batches",
+    "synchronize_rng_state", "synchronize_rng_states", "tqdm", "wait_for_everyone",
+    "write_basic_config",
 ]
 
 
@@ -100,3 +146,127 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     seed_everything(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def wait_for_everyone() -> None:
+    """Barrier: every rank waits here until all have arrived (a no-op without a process group).
+
+    Every rank must reach the call, or the others wait forever.
+    """
+    _comm().barrier()
+
+
+def synchronize_rng_states(rng_types: Iterable[str], generator: torch.Generator | None = None
+                           ) -> None:
+    """Copy rank 0's state of each named generator to every rank.
+
+    Args:
+        rng_types: some of ``"torch"`` (CPU), ``"cuda"``, ``"xla"`` and ``"generator"``.
+        generator: the generator that ``"generator"`` means.
+
+    Example:
+        >>> synchronize_rng_states(["torch"])  # one process: nothing to copy
+    """
+    rng.synchronize(rng_types, _comm(), generator)
+
+
+def synchronize_rng_state(rng_type: str, generator: torch.Generator | None = None) -> None:
+    """:func:`synchronize_rng_states` for one generator."""
+    rng.synchronize([rng_type], _comm(), generator)
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set environment variables for the block (names upper-cased, values ``str()``-ed), then
+    restore what was there before, also when the block raises.
+
+    Example:
+        >>> import os
+        >>> with patch_environment(accel_doc_example=1):
+        ...     os.environ["ACCEL_DOC_EXAMPLE"]
+        '1'
+        >>> "ACCEL_DOC_EXAMPLE" in os.environ
+        False
+    """
+    with env.patched({name.upper(): str(value) for name, value in kwargs.items()}):
+        yield
+
+
+def is_compiled_module(module: Any) -> bool:
+    """True when ``module`` is what ``torch.compile(model)`` returned.
+
+    Example:
+        >>> is_compiled_module(torch.nn.Linear(1, 1))
+        False
+    """
+    if "torch._dynamo" not in sys.modules:  # nothing can be compiled before dynamo is imported
+        return False
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(module, OptimizedModule)
+
+
+def _compiled_inner(module: nn.Module) -> nn.Module:
+    return cast(nn.Module, module._orig_mod)  # the module that torch.compile wrapped
+
+
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True,
+                                keep_torch_compile: bool = True) -> nn.Module:
+    """The user's model inside the DDP (and, unless kept, ``torch.compile``) wrappers.
+
+    Args:
+        model: a model returned by ``prepare()``, possibly compiled.
+        keep_fp32_wrapper: False also removes the mixed-precision forward wrapper.
+        keep_torch_compile: keep the compile wrapper (when it wraps the user's model directly).
+
+    Example:
+        >>> net = torch.nn.Linear(1, 1)
+        >>> extract_model_from_parallel(net) is net
+        True
+    """
+    compiled = model if is_compiled_module(model) else None
+    inner = strip_parallel(_compiled_inner(model) if compiled is not None else model)
+    if is_compiled_module(inner):  # DDP(compile(m)): the wrapper sits inside
+        compiled, inner = inner, _compiled_inner(inner)
+    result = inner
+    if compiled is not None and keep_torch_compile:
+        if _compiled_inner(compiled) is inner:
+            result = compiled
+        else:
+            warnings.warn("extract_model_from_parallel: torch.compile was applied over the DDP "
+                          "wrapper, so the compiled module cannot be kept without re-pointing "
+                          "the one you train with; returning the plain model. Compile before "
+                          "prepare() to keep it", stacklevel=2)
+    if not keep_fp32_wrapper:
+        for module in {id(result): result, id(inner): inner}.values():
+            remove_forward_wrapper(module)
+    return result
+
+
+def write_basic_config(mixed_precision: str = "no",
+                       save_location: str | os.PathLike[str] | None = None) -> Path | bool:
+    """Write the config file that ``accel config default`` writes (Accelerate's keys, so both
+    tools read it): one machine, every visible GPU, else one CPU process.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
+        save_location: where to write; by default where ``accel launch`` looks
+            (``$ACCEL_CONFIG_FILE``, else ``~/.config/accel/default_config.yaml``).
+
+    Returns:
+        The path written, or False (with a warning) when the file exists already: it is never
+        overwritten (as in Accelerate).
+    """
+    # launch/ is the side layer: imported lazily here so that `accel config default` and this
+    # function share one writer (tests/unit/test_architecture.py, SIDE_USERS, says why).
+    from .launch.config_cmd import default_values
+    from .launch.config_file import default_config_path, write_config
+
+    precision = parse_mixed_precision(mixed_precision).value
+    path = Path(save_location).expanduser() if save_location is not None \
+        else default_config_path()[0]
+    if path.exists():
+        warnings.warn(f"write_basic_config: {path} already exists and was left unchanged; edit "
+                      "it with `accel config`, or pass another save_location", stacklevel=2)
+        return False
+    return write_config(path, default_values(DEVICE_KINDS["cuda"].count(), precision))

@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from ._base import LaunchEnvironmentError, apply
+from ._base import LaunchEnvironmentError, apply, patched
 from .launcher import DEFAULT_PORT, LaunchInfo, detect_launch, expand_nodelist
 from .process import (
     accel_environment,
@@ -70,6 +70,7 @@ __all__ = [
     "gloo_socket_ifname",
     "launch_setting_source",
     "log_level",
+    "patched",
     "pjrt_device",
     "read_settings",
     "requested_layout",

@@ -11,13 +11,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from .._parse import parse_float, parse_int
 
 __all__ = ["LaunchEnvironmentError", "apply", "current", "int_variable", "optional_int",
-           "seconds_variable"]
+           "patched", "seconds_variable"]
 
 
 class LaunchEnvironmentError(RuntimeError):
@@ -36,6 +37,34 @@ def apply(variables: Mapping[str, str]) -> None:
         >>> apply({})
     """
     os.environ.update(variables)
+
+
+@contextlib.contextmanager
+def patched(variables: Mapping[str, str]) -> Iterator[None]:
+    """Set ``variables`` in this process's environment for the block, then put back what was
+    there before (a variable that was unset is removed again), also when the block raises.
+
+    Example:
+        >>> with patched({"ACCEL_DOC_EXAMPLE": "1"}):
+        ...     current()["ACCEL_DOC_EXAMPLE"]
+        '1'
+        >>> "ACCEL_DOC_EXAMPLE" in current()
+        False
+    """
+    for name, value in variables.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"environment variables are strings; got {name!r}={value!r} "
+                            "(convert the value with str())")
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def int_variable(environ: Mapping[str, str], name: str, minimum: int | None = None) -> int:

@@ -28,7 +28,14 @@ from torch import nn
 from ..config import DistributedDataParallelKwargs, DistributedType
 from ..distributed import ProcessContext
 
-__all__ = ["Strategy", "unwrap_module"]
+__all__ = ["Strategy", "strip_parallel", "unwrap_module"]
+
+
+def strip_parallel(model: nn.Module) -> nn.Module:
+    """Strip the data-parallel (DDP) wrappers around ``model``; a compile wrapper stays."""
+    while isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model
 
 
 def unwrap_module(model: nn.Module) -> nn.Module:

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import DistributedType
+from ..config import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
 from .base import Strategy
 
 __all__ = ["DDPStrategy"]
@@ -31,7 +31,9 @@ class DDPStrategy(Strategy):
         kwargs = self.ddp_kwargs.to_kwargs()
         if self.ctx.device.type == "cuda":
             kwargs.update(device_ids=[self.ctx.device.index], output_device=self.ctx.device.index)
-        return _DDP(model, **kwargs)
+        wrapped = _DDP(model, **kwargs)
+        _register_comm_hook(wrapped, self.ddp_kwargs)
+        return wrapped
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         if isinstance(model, _DDP):
@@ -50,6 +52,36 @@ class DDPStrategy(Strategy):
         if not self.ctx.is_distributed or not ddp:
             return contextlib.nullcontext()
         return Join(ddp)
+
+
+def _register_comm_hook(model: nn.parallel.DistributedDataParallel,
+                        options: DistributedDataParallelKwargs) -> None:
+    """Register ``options.comm_hook`` (wrapped by ``comm_wrapper``) on a fresh DDP model."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    kind = DDPCommunicationHookType
+    if options.comm_hook is kind.NO:
+        return
+    hooks: dict[DDPCommunicationHookType, Any] = {
+        kind.FP16: default_hooks.fp16_compress_hook,
+        kind.BF16: default_hooks.bf16_compress_hook,
+        kind.POWER_SGD: powerSGD_hook.powerSGD_hook,
+        kind.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+    }
+    wrappers = {kind.FP16: default_hooks.fp16_compress_wrapper,
+                kind.BF16: default_hooks.bf16_compress_wrapper}
+    hook = hooks[options.comm_hook]
+    if options.comm_wrapper in wrappers:
+        hook = wrappers[options.comm_wrapper](hook)
+    state: Any = None  # the default hooks take the process group (None: the default one)
+    if options.comm_hook in (kind.POWER_SGD, kind.BATCHED_POWER_SGD):
+        try:
+            state = powerSGD_hook.PowerSGDState(None, **options.comm_state_option)
+        except TypeError as exc:
+            raise TypeError(f"comm_state_option={options.comm_state_option!r} does not fit "
+                            f"PowerSGDState ({exc}); pass its keyword arguments, e.g. "
+                            "{'matrix_approximation_rank': 2}") from None
+    model.register_comm_hook(state=state, hook=hook)
 
 
 @contextlib.contextmanager

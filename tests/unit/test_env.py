@@ -421,3 +421,18 @@ def test_every_name_of_the_old_module_is_still_importable() -> None:
            "pjrt_device", "read_settings", "DEFAULT_PORT"]
     assert all(hasattr(accel.env, name) for name in old)
     assert set(accel.env.__all__) >= set(old) - {"DEFAULT_PORT"}
+
+
+def test_patched_restores_and_refuses_non_strings() -> None:
+    import os
+
+    from accel.env import patched
+
+    with pytest.raises(TypeError, match="convert the value with str"):
+        with patched({"ACCEL_T_INT": 1}):  # type: ignore[dict-item]
+            pass
+    assert "ACCEL_T_INT" not in os.environ
+    with pytest.raises(RuntimeError), patched({"ACCEL_T_A": "1"}):
+        assert os.environ["ACCEL_T_A"] == "1"
+        raise RuntimeError
+    assert "ACCEL_T_A" not in os.environ

@@ -190,3 +190,27 @@ def test_log_and_get_tracker_before_init_follow_accelerate(tmp_path: Path) -> No
     acc.end_training()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1 and '"loss": 3.0' in lines[0]
+
+
+def test_on_main_process_decorator_reads_the_rank_at_call_time() -> None:
+    from accel.tracking import on_main_process
+    from accel.utils import patch_environment
+
+    class Tracker:
+        def __init__(self, main_process_only: bool) -> None:
+            self.main_process_only = main_process_only
+            self.calls: list[int] = []
+
+        @on_main_process
+        def log(self, value: int) -> str:
+            self.calls.append(value)
+            return "logged"
+
+    everywhere, main_only = Tracker(False), Tracker(True)
+    assert main_only.log(1) == "logged" and Tracker.log.__name__ == "log"
+    rank1 = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    with patch_environment(**rank1):
+        assert main_only.log(2) is None
+        assert everywhere.log(3) == "logged"
+    assert main_only.calls == [1] and everywhere.calls == [3]
