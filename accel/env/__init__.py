@@ -40,6 +40,8 @@ from .process import (
 from .settings import (
     ACCEL_TABLE,
     ACCEL_VARIABLES,
+    DYNAMO_BACKENDS,
+    DYNAMO_MODES,
     AccelVariable,
     EnvSettings,
     launch_setting_source,
@@ -51,6 +53,8 @@ __all__ = [
     "ACCEL_TABLE",
     "ACCEL_VARIABLES",
     "DEFAULT_PORT",
+    "DYNAMO_BACKENDS",
+    "DYNAMO_MODES",
     "AccelVariable",
     "EnvSettings",
     "LaunchEnvironmentError",

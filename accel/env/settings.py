@@ -19,12 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._parse import is_true
-from ._base import current, optional_int, seconds_variable
+from .._parse import is_true, parse_bool, parse_choice
+from ._base import LaunchEnvironmentError, current, optional_int, seconds_variable
 
 __all__ = [
     "ACCEL_TABLE",
     "ACCEL_VARIABLES",
+    "DYNAMO_BACKENDS",
+    "DYNAMO_MODES",
     "AccelVariable",
     "EnvSettings",
     "launch_setting_source",
@@ -46,6 +48,22 @@ class EnvSettings:
     config_file: str | None = None
     launched: bool = False
     num_threads: int | None = None
+    #: ``torch.compile`` settings, Accelerate's ``dynamo_*`` names (``accel launch
+    #: --dynamo_backend ...``); read here, not yet applied by ``Accelerator``.
+    dynamo_backend: str | None = None
+    dynamo_mode: str | None = None
+    dynamo_use_fullgraph: bool = False
+    dynamo_use_dynamic: bool = False
+    dynamo_use_regional_compilation: bool = False
+
+
+#: Accelerate's ``DynamoBackend`` values, lower-cased (``no``: do not compile).
+DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser",
+                   "cudagraphs", "ofi", "fx2trt", "onnxrt", "tensorrt",
+                   "aot_torchxla_trace_once", "torchxla_trace_once", "tvm", "hpu_backend",
+                   "neuron")
+#: ``torch.compile`` modes (Accelerate offers the first three).
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def _text(environ: Mapping[str, str], name: str) -> str | None:
@@ -62,6 +80,26 @@ def _truthy(environ: Mapping[str, str], name: str) -> bool:
 
 def _one(environ: Mapping[str, str], name: str) -> bool:
     return environ.get(name, "") == "1"
+
+
+def _switch(environ: Mapping[str, str], name: str) -> bool:
+    """A validated boolean (1/0, true/false, yes/no, on/off); unset or empty is False."""
+    try:
+        return parse_bool(environ.get(name, ""), name, empty=False)
+    except ValueError as exc:
+        raise LaunchEnvironmentError(f"{exc}; unset it or fix the launcher") from None
+
+
+def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str], str], str | None]:
+    def read(environ: Mapping[str, str], name: str) -> str | None:
+        raw = environ.get(name, "")
+        if raw.strip() == "":
+            return None
+        try:
+            return parse_choice(raw, name, choices, what=what)
+        except ValueError as exc:
+            raise LaunchEnvironmentError(str(exc)) from None
+    return read
 
 
 @dataclass(frozen=True)
@@ -106,6 +144,21 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_NUM_THREADS", "torch intra-op threads per worker (applied by "
                   "Accelerator())", "num_threads", _positive, "num_cpu_threads_per_process",
                   ("OMP_NUM_THREADS",)),
+    AccelVariable("ACCEL_DYNAMO_BACKEND", "torch.compile backend, Accelerate's names lower-cased "
+                  "(no, eager, aot_eager, inductor, cudagraphs, ...); not yet applied by "
+                  "Accelerator()", "dynamo_backend",
+                  _choice(DYNAMO_BACKENDS, "a dynamo backend"), "dynamo_backend"),
+    AccelVariable("ACCEL_DYNAMO_MODE", "torch.compile mode: default, reduce-overhead, "
+                  "max-autotune or max-autotune-no-cudagraphs", "dynamo_mode",
+                  _choice(DYNAMO_MODES, "a torch.compile mode"), "dynamo_mode"),
+    AccelVariable("ACCEL_DYNAMO_USE_FULLGRAPH", "1 to compile the whole model as one graph "
+                  "(torch.compile fullgraph=True)", "dynamo_use_fullgraph", _switch,
+                  "dynamo_use_fullgraph"),
+    AccelVariable("ACCEL_DYNAMO_USE_DYNAMIC", "1 to trace dynamic shapes (torch.compile "
+                  "dynamic=True)", "dynamo_use_dynamic", _switch, "dynamo_use_dynamic"),
+    AccelVariable("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", "1 to compile repeated blocks "
+                  "once each (regional compilation)", "dynamo_use_regional_compilation",
+                  _switch, "dynamo_use_regional_compilation"),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the

@@ -1,6 +1,7 @@
 """Run the user's script in a worker started by ``accel launch`` (torchrun's entrypoint).
 
-``python -m accel.launch.bootstrap script.py [args]`` or ``... -m package.module [args]``:
+``python -m accel.launch.bootstrap script.py [args]`` or ``... -m package.module [args]``
+(or ``... --no-python executable [args]``, which execs the executable after the checks below):
 
 - runs the target with ``runpy`` and ``__main__`` semantics: ``__name__ == "__main__"``,
   ``sys.argv == [script, *args]``, and the script's directory first on ``sys.path``, exactly as
@@ -31,21 +32,36 @@ from ..env import agent_pid, error_file, formed_layout, requested_layout, worker
 from .procs import set_parent_death_signal
 from .report import user_traceback, write_error_file
 
-__all__ = ["LaunchLayoutError", "check_layout", "main", "run_target", "whole_lines"]
+__all__ = ["LaunchLayoutError", "check_layout", "exec_target", "main", "run_target",
+           "whole_lines"]
 
 #: How long a failed worker may take to shut down before it exits hard (seconds).
 _EXIT_GRACE = 10.0
 #: Exit codes that mean "stopped by this signal" (128 + signal number), not a failure.
 _SIGNAL_EXITS = {128 + int(signal.SIGTERM): "SIGTERM", 128 + int(signal.SIGINT): "SIGINT"}
-_USAGE = "usage: python -m accel.launch.bootstrap (script.py | -m module) [args ...]"
+_USAGE = ("usage: python -m accel.launch.bootstrap (script.py | -m module | --no-python "
+          "executable) [args ...]")
+_KINDS = {"-m": "module", "--no-python": "exec"}
 
 
-def _split(argv: Sequence[str]) -> tuple[str, bool, list[str]]:
-    if not argv or argv[0] == "-m" and len(argv) < 2:
+def _split(argv: Sequence[str]) -> tuple[str, str, list[str]]:
+    """(target, kind, args); kind is "script", "module" (``-m``) or "exec" (``--no-python``)."""
+    if not argv or argv[0] in _KINDS and len(argv) < 2:
         raise SystemExit(f"accel.launch.bootstrap: {_USAGE}")
-    if argv[0] == "-m":
-        return argv[1], True, list(argv[2:])
-    return argv[0], False, list(argv[1:])
+    if argv[0] in _KINDS:
+        return argv[1], _KINDS[argv[0]], list(argv[2:])
+    return argv[0], "script", list(argv[1:])
+
+
+def exec_target(target: str, args: Sequence[str]) -> None:
+    """Replace this process with the executable ``target`` (``accel launch --no_python``).
+
+    The parent-death signal survives ``exec``; the error file does not (the executable's exit
+    code is what the launcher reports).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(target, [target, *args])
 
 
 def run_target(target: str, is_module: bool, args: Sequence[str]) -> None:
@@ -123,11 +139,13 @@ def whole_lines(*streams: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of a worker; returns the exit code."""
     whole_lines(sys.stdout, sys.stderr)
-    target, is_module, args = _split(sys.argv[1:] if argv is None else argv)
+    target, kind, args = _split(sys.argv[1:] if argv is None else argv)
     set_parent_death_signal(agent_pid())
     try:
         check_layout()
-        run_target(target, is_module, args)
+        if kind == "exec":
+            exec_target(target, args)
+        run_target(target, kind == "module", args)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code in _SIGNAL_EXITS:  # e.g. Accelerator.on_signal's handler ran, then exited

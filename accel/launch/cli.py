@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from .._parse import parse_float, parse_int
 from . import core
 from .config_file import ConfigFile, default_config_path, read_config
 from .errors import CLIError
+from .refused import add_refused_flags, refusals
 
 __all__ = ["build_parser", "main"]
 
@@ -66,6 +68,11 @@ def _flag(parser: argparse.ArgumentParser, name: str, *extra: str, **kwargs: Any
     parser.add_argument(*extra, *spellings, dest=name, **kwargs)
 
 
+def _switch(parser: argparse.ArgumentParser, name: str, text: str) -> None:
+    """A flag without a value; None when absent, so the environment or config file may set it."""
+    _flag(parser, name, action="store_const", const=True, default=None, help=text)
+
+
 def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "num_processes", "-n", type=_positive, metavar="N",
           help="total processes over all machines (default: one per visible GPU, else 1)")
@@ -78,6 +85,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
           "--main_process_ip (the first) and --machine_rank (this machine's position)")
     p.add_argument("--cpu", dest="device", action="store_const", const="cpu", default=None,
                    help="run on the CPU with gloo even if GPUs are visible")
+    _switch(p, "multi_gpu", "one process per GPU (Accelerate's flag; the default when 2+ GPUs "
+            "are visible): an error with fewer than 2 processes")
+    _switch(p, "tpu", "run on XLA devices (as distributed_type: XLA)")
     _flag(p, "gpu_ids", metavar="IDS", help="GPU indices to use, e.g. 0,1 (default: all)")
     _flag(p, "mixed_precision", choices=["no", "fp16", "bf16"], help="no | fp16 | bf16")
     _flag(p, "gradient_accumulation_steps", type=_positive, metavar="N")
@@ -90,15 +100,34 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "rdzv_backend", choices=["static", "c10d", "etcd", "etcd-v2"],
           help="rendezvous backend (default: c10d on one machine, static on several)")
     _flag(p, "rdzv_conf", metavar="K=V,...", help="extra rendezvous options, as torchrun's")
-    _flag(p, "tee", metavar="STD", help="copy worker stdout/stderr to --log_dir (torchrun's "
-          "--tee: 1 stdout, 2 stderr, 3 both)")
+    _flag(p, "rdzv_endpoint", metavar="HOST:PORT", help="rendezvous endpoint: the same as "
+          "--main_process_ip HOST --main_process_port PORT")
+    _switch(p, "same_network", "accepted for Accelerate's sake; accel's multi-node rendezvous "
+            "is the same either way")
+    _flag(p, "role", metavar="NAME", help="torchrun's --role: a label of the workers")
+    _flag(p, "tee", "-t", metavar="STD", help="copy worker stdout/stderr to --log_dir "
+          "(torchrun's --tee: 1 stdout, 2 stderr, 3 both)")
     _flag(p, "log_dir", metavar="DIR", help="directory for worker logs and error files")
+    _switch(p, "enable_cpu_affinity", "bind each GPU worker to the CPUs of its GPU's NUMA "
+            "node (torchrun's --numa-binding node)")
+    _flag(p, "dynamo_backend", metavar="BACKEND", help="torch.compile backend for the workers "
+          "(ACCEL_DYNAMO_BACKEND): no, eager, aot_eager, inductor, cudagraphs, ...")
+    _flag(p, "dynamo_mode", metavar="MODE", help="default | reduce-overhead | max-autotune | "
+          "max-autotune-no-cudagraphs")
+    _switch(p, "dynamo_use_fullgraph", "compile the whole model as one graph")
+    _switch(p, "dynamo_use_dynamic", "trace dynamic shapes")
+    _switch(p, "dynamo_use_regional_compilation", "compile repeated blocks once each")
+    _flag(p, "mpirun_hostfile", metavar="PATH", help="start CPU workers with mpirun (Open MPI, "
+          "MPICH, Intel MPI, MVAPICH2) on the hosts of this file instead of torchrun's agent")
     _flag(p, "config_file", metavar="PATH", help="YAML config (must exist)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print the settings table")
     p.add_argument("--debug", action="store_const", const=True, default=None,
                    help="ACCEL_DEBUG=1 (check collectives across ranks) and verbose torchrun")
     p.add_argument("--module", "-m", action="store_true",
                    help="the target is a module name (like python -m)")
+    _flag(p, "no_python", action="store_true",
+          help="run the target as an executable (on PATH or a path), not with Python")
+    add_refused_flags(p)
     p.add_argument("script", metavar="script.py", nargs="?",
                    help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
@@ -164,19 +193,33 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _check_target(args: argparse.Namespace) -> None:
+    """Refused Accelerate flags, and a target that cannot run, as one-line errors."""
+    refused = refusals(getattr(args, "refused_flags", None))
+    if refused:
+        raise CLIError("; ".join(refused) if len(refused) == 1 else
+                       "these Accelerate flags are not supported:\n  " + "\n  ".join(refused))
+    if args.script is None:
+        raise CLIError("no script given; usage: accel launch [flags] script.py [args] (or "
+                       "-m package.module [args])")
+    if args.no_python and not args.module and shutil.which(args.script) is None:
+        raise CLIError(f"--no_python: {args.script!r} is not an executable file nor a command "
+                       "on PATH; pass an executable (chmod +x), or drop --no_python for a "
+                       "Python script")
+    if not args.module and not args.no_python and not os.path.isfile(args.script):
+        raise CLIError(f"script {args.script!r} does not exist (cwd {os.getcwd()}); pass a "
+                       "Python file, or -m package.module for a module")
+
+
 def _launch(args: argparse.Namespace) -> int:
     from ..env import cpu_count
     from .settings import resolve_settings, settings_table
     from .torchrun import build_torchrun_argv, run_torchrun, worker_env
 
-    if args.script is None:
-        raise CLIError("no script given; usage: accel launch [flags] script.py [args] (or "
-                       "-m package.module [args])")
-    if not args.module and not os.path.isfile(args.script):
-        raise CLIError(f"script {args.script!r} does not exist (cwd {os.getcwd()}); pass a "
-                       "Python file, or -m package.module for a module")
+    _check_target(args)
     config, config_note = _locate_config(args.config_file)
-    flags = {key: value for key, value in vars(args).items() if key != "command"}
+    flags = {key: value for key, value in vars(args).items()
+             if key not in ("command", "refused_flags")}
     settings = resolve_settings(flags, None, config, gpu_count=core.gpu_count,
                                 cpu_count=cpu_count(), run_id=uuid.uuid4().hex,
                                 is_local_address=_is_local_address, free_port=_free_port)
@@ -188,6 +231,10 @@ def _launch(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(settings_table(settings, config_note), file=sys.stderr, flush=True)
     env = worker_env(settings)
+    if settings.mpirun_hostfile is not None:
+        from .mpirun import run_mpirun
+
+        return run_mpirun(settings, env)
     if settings.num_machines > 1:
         from .preflight import preflight
 

@@ -44,15 +44,21 @@ _DIRECT_KEYS = (
     "num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
     "mixed_precision", "gpu_ids", "gradient_accumulation_steps", "num_cpu_threads_per_process",
     "max_restarts", "monitor_interval", "rdzv_backend", "rdzv_conf", "debug", "tee", "log_dir",
+    "enable_cpu_affinity", "same_network", "dynamo_backend",  # dynamo_backend: pre-0.16 files
 )
+
+#: Nested blocks whose keys are launch settings: block -> (key prefix, keys used).
+_NESTED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dynamo_config": ("dynamo_", ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph",
+                                  "dynamo_use_dynamic", "dynamo_use_regional_compilation")),
+    "mpirun_config": ("mpirun_", ("mpirun_hostfile",)),
+}
 
 #: Accelerate boiler-plate: accepted silently while it has one of these (neutral) values.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "compute_environment": ("LOCAL_MACHINE",),
     "downcast_bf16": ("no", False, None),
     "main_training_function": ("main", None),
-    "same_network": (True, None),
-    "enable_cpu_affinity": (False, None),
     "use_mps_device": (False, None),
     "tpu_env": ([], None),
     "tpu_use_cluster": (False, None),
@@ -61,17 +67,28 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "tpu_zone": (None,),
     "commands": (None,),
     "command_file": (None,),
-    "dynamo_config": ({}, None),
     "deepspeed_config": ({}, None),
     "fsdp_config": ({}, None),
     "megatron_lm_config": ({}, None),
     "ipex_config": ({}, None),
 }
 
+# TPU: what Accelerate before 0.28 wrote for XLA.
 _DISTRIBUTED_TYPES: dict[str, str | None] = {
     "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "MULTI_XLA": "xla",
-    "TPU": "xla",
+    "TPU": "xla", "FSDP": "cuda", "DEEPSPEED": "cuda", "MEGATRON_LM": "cuda",
 }
+_DDP_INSTEAD = ("to train with DDP instead (every process holds the whole model), pass --multi_gpu "
+                "(or --cpu), or set distributed_type: MULTI_GPU")
+#: Types a config file may name (it loads) but that `accel launch` refuses, and why.
+_REFUSED_TYPES: dict[str, str] = {
+    "FSDP": "accel does not shard models yet (FSDP support lands with issue 14)",
+    "DEEPSPEED": "accel has no DeepSpeed integration",
+    "MEGATRON_LM": "accel has no Megatron-LM integration",
+}
+#: The block each refused type brings; it is explained by the refusal, not listed as ignored.
+_REFUSED_BLOCKS = {"FSDP": "fsdp_config", "DEEPSPEED": "deepspeed_config",
+                   "MEGATRON_LM": "megatron_lm_config"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,9 @@ class ConfigFile:
     values: dict[str, Any] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
+    #: Why ``accel launch`` cannot run what the file asks for (e.g. ``distributed_type: FSDP``)
+    #: unless a device flag (``--multi_gpu``, ``--cpu``, ``--tpu``) overrides it; None: it can.
+    unsupported: str | None = None
 
 
 def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -144,9 +164,15 @@ def _neutral(key: str, value: Any) -> bool:
                                    for ok in _NEUTRAL[key])
 
 
+def _distributed_type(raw: Mapping[str, Any]) -> Any:
+    """``distributed_type`` as written; YAML 1.1 reads an unquoted ``NO`` as false."""
+    value = raw.get("distributed_type")
+    return "NO" if value is False else value
+
+
 def _device_of(raw: Mapping[str, Any], path: str) -> tuple[str | None, bool]:
     """(device kind or None, single-process) from ``use_cpu`` / ``distributed_type``."""
-    dist_type = raw.get("distributed_type")
+    dist_type = _distributed_type(raw)
     single = False
     device: str | None = None
     if dist_type is not None:
@@ -170,12 +196,20 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
     """Map an (Accelerate-style) config mapping to launch settings."""
     values: dict[str, Any] = {}
     ignored: list[str] = []
+    dist_type = str(_distributed_type(raw) or "").upper()
     for key, value in raw.items():
         if key in _DIRECT_KEYS:
             if value is not None:
                 values[key] = value
-        elif key not in ("distributed_type", "use_cpu") and not _neutral(key, value):
+        elif key in _NESTED and isinstance(value, Mapping):
+            ignored += _nested(key, value, values)
+        elif key not in ("distributed_type", "use_cpu") and not _neutral(key, value) and \
+                _REFUSED_BLOCKS.get(dist_type) != key:
             ignored.append(str(key))
+    unsupported = None
+    if dist_type in _REFUSED_TYPES:
+        unsupported = (f"config file {path}: distributed_type {dist_type}: "
+                       f"{_REFUSED_TYPES[dist_type]}; {_DDP_INSTEAD}")
     device, single = _device_of(raw, path)
     if device is not None:
         values["device"] = device
@@ -187,7 +221,21 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
         del values["gpu_ids"]
     elif isinstance(values.get("gpu_ids"), (list, tuple)):
         values["gpu_ids"] = ",".join(str(item) for item in values["gpu_ids"])
-    return ConfigFile(path, values, sorted(ignored), dict(raw))
+    return ConfigFile(path, values, sorted(ignored), dict(raw), unsupported)
+
+
+def _nested(block: str, items: Mapping[str, Any], values: dict[str, Any]) -> list[str]:
+    """Copy a block's known keys (``dynamo_config: {backend: ...}`` is ``dynamo_backend``) into
+    ``values``; returns the keys it does not know, as ``block.key``."""
+    prefix, known = _NESTED[block]
+    unknown = []
+    for key, value in items.items():
+        name = str(key) if str(key).startswith(prefix) else prefix + str(key)
+        if name not in known:
+            unknown.append(f"{block}.{key}")
+        elif value is not None:
+            values[name] = value
+    return unknown
 
 
 def read_config(path: str | os.PathLike[str]) -> ConfigFile:

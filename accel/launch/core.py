@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..env import DEFAULT_PORT, EnvSettings, worker_environment
@@ -86,6 +86,8 @@ class WorkerSpec:
         cuda_visible_devices: the workers' ``CUDA_VISIBLE_DEVICES``; None inherits ours.
         layout: ``(total processes, machines)`` requested, checked by the bootstrap.
         fresh_rdzv_store: one c10d store per restart (see ``accel.env.worker_environment``).
+        dynamo: ``EnvSettings`` ``dynamo_*`` fields to export as ``ACCEL_DYNAMO_*`` (only those
+            the user chose).
     """
 
     device: str
@@ -97,6 +99,7 @@ class WorkerSpec:
     cuda_visible_devices: str | None = None
     layout: tuple[int, int] | None = None
     fresh_rdzv_store: bool = False
+    dynamo: Mapping[str, Any] = field(default_factory=dict)
 
     def environment(self) -> dict[str, str]:
         """The variables to export to the workers."""
@@ -104,7 +107,7 @@ class WorkerSpec:
             device=self.device, mixed_precision=self.mixed_precision,
             gradient_accumulation_steps=self.gradient_accumulation_steps, debug=self.debug,
             config_file=os.path.abspath(self.config_file) if self.config_file else None,
-            launched=True, num_threads=self.num_threads)
+            launched=True, num_threads=self.num_threads, **self.dynamo)
         return worker_environment(settings, cuda_visible_devices=self.cuda_visible_devices,
                                   layout=self.layout, fresh_rdzv_store=self.fresh_rdzv_store)
 

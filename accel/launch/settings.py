@@ -22,7 +22,7 @@ from typing import Any
 
 from .._parse import parse_bool, parse_choice, parse_float, parse_gpu_ids, parse_int
 from ..config import parse_mixed_precision
-from ..env import cuda_visible_devices, launch_setting_source
+from ..env import DYNAMO_BACKENDS, DYNAMO_MODES, cuda_visible_devices, launch_setting_source
 from .config_file import ConfigFile
 from .core import (
     LOOPBACK,
@@ -70,6 +70,16 @@ class LaunchSettings:
     debug: bool = False
     config_file: str | None = None
     python: str = sys.executable
+    #: Run the target as an executable (torchrun's ``--no-python``), not with Python.
+    no_python: bool = False
+    #: torchrun's ``--role`` (a label of the workers); None: torchrun's default.
+    role: str | None = None
+    #: Bind each GPU worker to the CPUs of its GPU's NUMA node (torchrun's ``--numa-binding``).
+    enable_cpu_affinity: bool = False
+    #: Start the workers with ``mpirun`` on the hosts of this file (CPU only), not torchrun.
+    mpirun_hostfile: str | None = None
+    #: ``dynamo_*`` settings the user chose (flag, env, config), exported as ``ACCEL_DYNAMO_*``.
+    dynamo: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -122,10 +132,11 @@ class _Sources:
                  config: ConfigFile | None) -> None:
         self.flags, self.environ, self.config = flags, environ, config
         self.sources: dict[str, str] = {}
+        self.device_flag = "--cpu"  # or --multi_gpu / --tpu: the flag that set "device"
 
     def get(self, name: str, parse: _Parse, default: Any,
             default_source: str = "default") -> Any:
-        flag = f"--{name}" if name != "device" else "--cpu"
+        flag = f"--{name}" if name != "device" else self.device_flag
         if self.flags.get(name) is not None:
             return self._take(name, parse, self.flags[name], f"flag {flag}", flag)
         found = launch_setting_source(name, self.environ)
@@ -241,6 +252,109 @@ def _rendezvous(src: _Sources, machines: int, backend: str, ip: str | None, port
     return ip or LOOPBACK, port
 
 
+def _choice(choices: tuple[str, ...], what: str) -> _Parse:
+    return lambda value, name: parse_choice(value, name, choices, what=what)
+
+
+_DYNAMO: tuple[tuple[str, _Parse], ...] = (
+    ("dynamo_backend", _choice(DYNAMO_BACKENDS, "a dynamo backend")),
+    ("dynamo_mode", _choice(DYNAMO_MODES, "a torch.compile mode")),
+    ("dynamo_use_fullgraph", _bool), ("dynamo_use_dynamic", _bool),
+    ("dynamo_use_regional_compilation", _bool),
+)
+#: (device, flag): the flags that choose the device.
+_DEVICE_FLAGS = (("cpu", "--cpu"), ("cuda", "--multi_gpu"), ("xla", "--tpu"))
+
+
+def _device_flag(flags: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(device, flag) chosen by ``--cpu`` / ``--multi_gpu`` / ``--tpu``; (None, "--cpu") if none."""
+    given = [(device, flag) for device, flag in _DEVICE_FLAGS
+             if (flags.get("device") == "cpu" if flag == "--cpu" else flags.get(flag[2:]))]
+    if len(given) > 1:
+        raise CLIError(f"{' and '.join(flag for _, flag in given)} contradict each other (each "
+                       "chooses the device, as in Accelerate); pass only one of them")
+    return given[0] if given else (None, "--cpu")
+
+
+def _use_device_flag(src: _Sources, flags: Mapping[str, Any], config: ConfigFile | None) -> None:
+    chosen, src.device_flag = _device_flag(flags)
+    if chosen is None and config is not None and config.unsupported:
+        raise CLIError(config.unsupported)  # a device flag overrides the file's type
+    src.flags = {**flags, "device": chosen}
+
+
+def _threads(src: _Sources, cpu_count: int, per_node: int) -> int:
+    return int(src.get("num_cpu_threads_per_process", _int(1),
+                       default_threads(cpu_count, per_node),
+                       f"default ({cpu_count} cores / {per_node} processes)"))
+
+
+def _check_multi_gpu(src: _Sources, total: int) -> None:
+    """``--multi_gpu`` is a no-op with 2+ processes; with fewer it is a mistake worth naming."""
+    if src.device_flag != "--multi_gpu" or total >= 2:
+        return
+    origin = src.sources.get("num_processes", "default")
+    if origin.startswith("detected"):
+        raise CLIError(f"--multi_gpu needs at least 2 GPU processes but only {total} GPU is "
+                       "visible and -n was not given; drop --multi_gpu to run on that GPU, or "
+                       "pass --cpu -n N (without --multi_gpu) for N CPU processes")
+    raise CLIError(f"--multi_gpu needs at least 2 processes (as in Accelerate), got "
+                   f"num_processes {total} ({origin}); pass -n 2 or more, or drop --multi_gpu")
+
+
+def _split_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host:
+        raise CLIError(f"--rdzv_endpoint {text!r} is not HOST:PORT (e.g. 10.0.0.1:29500 or "
+                       "[fd00::1]:29500)")
+    try:
+        return host, parse_int(port, "the port of --rdzv_endpoint", minimum=0, maximum=65535)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _endpoint(src: _Sources, text: str | None, ip: str | None,
+              port: int | None) -> tuple[str | None, int | None]:
+    """``--rdzv_endpoint HOST:PORT`` sets the main process IP and port; a different IP or port
+    from any other source is an error."""
+    if not text:
+        return ip, port
+    host, number = _split_endpoint(text)
+    for name, old, new in (("main_process_ip", ip, host), ("main_process_port", port, number)):
+        if old is not None and str(old) != str(new):
+            raise CLIError(f"--rdzv_endpoint {text} contradicts {name} {old} "
+                           f"({src.sources.get(name)}); pass only one of them")
+        src.sources[name] = "flag --rdzv_endpoint"
+    return host, number
+
+
+def _extras(src: _Sources, flags: Mapping[str, Any], device: str,
+            warnings: list[str]) -> dict[str, Any]:
+    """The settings that only travel to torchrun or the workers (affinity, dynamo, ...)."""
+    if flags.get("no_python") and flags.get("module"):
+        raise CLIError("--module and --no_python cannot be used together (as in Accelerate): "
+                       "-m runs a Python module, --no_python runs an executable")
+    affinity = src.get("enable_cpu_affinity", _bool, False)
+    if affinity and device != "cuda":
+        warnings.append(f"enable_cpu_affinity ({src.sources['enable_cpu_affinity']}) is ignored: "
+                        "it binds each worker to the CPUs of its GPU's NUMA node, and the device "
+                        f"is {device}")
+        affinity = False
+    # Accepted for Accelerate's sake: it chose --master-addr/port over --rdzv-endpoint, which
+    # torchrun's static rendezvous treats alike; accel's rendezvous is the same either way.
+    src.get("same_network", _bool, False)
+    dynamo = {name: value for name, parse in _DYNAMO
+              if (value := src.get(name, parse, None)) is not None}
+    hostfile = src.get("mpirun_hostfile", _stripped, None) or None
+    if hostfile is not None and device != "cpu":
+        raise CLIError(f"--mpirun_hostfile starts CPU processes with mpirun (as in Accelerate) "
+                       f"but the device is {device} ({src.sources['device']}); add --cpu, or "
+                       "drop --mpirun_hostfile to start GPU processes with torchrun's agent")
+    return {"no_python": bool(flags.get("no_python")), "role": src.get("role", _stripped, None),
+            "enable_cpu_affinity": affinity, "mpirun_hostfile": hostfile, "dynamo": dynamo}
+
+
 def resolve_settings(
     flags: Mapping[str, Any], environ: Mapping[str, str] | None, config: ConfigFile | None, *,
     gpu_count: Callable[[], int], cpu_count: int, run_id: str,
@@ -267,23 +381,27 @@ def resolve_settings(
     src = _Sources(flags, environ, config)
     warnings: list[str] = []
     gpus = functools.cache(gpu_count)  # probe at most once, and only if the device may be CUDA
+    _use_device_flag(src, flags, config)
     machines, machine_rank, ip = _machines(src, flags, is_local_address)
     if machine_rank >= machines:
         raise CLIError(f"--machine_rank {machine_rank} must be < --num_machines {machines}")
     port = src.get("main_process_port", _int(0, 65535), None)
+    ip, port = _endpoint(src, flags.get("rdzv_endpoint"), ip, port)
     device, gpu_ids = _device_and_gpu_ids(src, gpus, warnings)
     visible = _visible_for_workers(gpu_ids, environ, gpus)
     total = _processes(src, device, gpu_ids, machines, gpus)
-    threads = src.get("num_cpu_threads_per_process", _int(1),
-                      default_threads(cpu_count, total // machines),
-                      f"default ({cpu_count} cores / {total // machines} processes)")
+    _check_multi_gpu(src, total)
+    threads = _threads(src, cpu_count, total // machines)
     backend = src.get("rdzv_backend", _stripped, default_backend(machines))
-    ip, port = _rendezvous(src, machines, backend, ip, port, free_port, warnings)
+    extras = _extras(src, flags, device, warnings)
+    if extras["mpirun_hostfile"] is None:
+        ip, port = _rendezvous(src, machines, backend, ip, port, free_port, warnings)
     return LaunchSettings(
         script=str(flags["script"]), module=bool(flags.get("module")),
         script_args=tuple(flags.get("script_args") or ()), num_processes=total,
-        num_machines=machines, machine_rank=machine_rank, main_process_ip=ip,
-        main_process_port=port, device=device, gpu_ids=gpu_ids, cuda_visible_devices=visible,
+        num_machines=machines, machine_rank=machine_rank, main_process_ip=ip or LOOPBACK,
+        main_process_port=port or 0, device=device, gpu_ids=gpu_ids,
+        cuda_visible_devices=visible,
         mixed_precision=src.get("mixed_precision", _precision, "no"),
         gradient_accumulation_steps=src.get("gradient_accumulation_steps", _int(1), 1),
         num_cpu_threads_per_process=threads,
@@ -291,19 +409,20 @@ def resolve_settings(
         monitor_interval=src.get("monitor_interval", _seconds, 0.1),
         rdzv_backend=backend, rdzv_conf=src.get("rdzv_conf", _text, ""),
         rdzv_id=run_id if machines == 1 else MULTI_NODE_RUN_ID,
-        tee=src.get("tee", _text, None),
-        log_dir=src.get("log_dir", _text, None),
+        tee=src.get("tee", _text, None), log_dir=src.get("log_dir", _text, None),
         debug=src.get("debug", _bool, False),
         config_file=config.path if config is not None else None,
         python=str(flags.get("python") or sys.executable),
-        sources=dict(src.sources), warnings=tuple(warnings),
+        sources=dict(src.sources), warnings=tuple(warnings), **extras,
     )
 
 
 _TABLE = ("num_processes", "num_machines", "machine_rank", "main_process_ip",
           "main_process_port", "device", "gpu_ids", "mixed_precision",
           "gradient_accumulation_steps", "num_cpu_threads_per_process", "max_restarts",
-          "rdzv_backend", "debug")
+          "rdzv_backend", "debug", "enable_cpu_affinity", "mpirun_hostfile")
+#: Rows shown only when the user set them.
+_IF_GIVEN = ("enable_cpu_affinity", "mpirun_hostfile")
 
 
 def settings_table(settings: LaunchSettings, config_note: str | None = None) -> str:
@@ -316,7 +435,8 @@ def settings_table(settings: LaunchSettings, config_note: str | None = None) -> 
     """
     rows: list[tuple[str, str, str]] = []
     for name in _TABLE:
-        if settings.num_machines == 1 and name in ("num_machines", "machine_rank"):
+        if settings.num_machines == 1 and name in ("num_machines", "machine_rank") or \
+                name in _IF_GIVEN and not settings.explicit(name):
             continue
         value: Any = getattr(settings, name)
         if name == "main_process_port" and value == 0:
@@ -324,6 +444,8 @@ def settings_table(settings: LaunchSettings, config_note: str | None = None) -> 
         if name == "gpu_ids" and value is None:
             value = "all" if settings.device == "cuda" else "-"
         rows.append((name, str(value), settings.sources.get(name, "default")))
+    rows += [(name, str(value), settings.sources.get(name, "default"))
+             for name, value in settings.dynamo.items()]
     config = config_note or "none"
     rows.append(("config file", settings.config_file or "-", config))
     width = max(len(row[0]) for row in rows)

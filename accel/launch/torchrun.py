@@ -29,12 +29,13 @@ from types import FrameType
 
 from ..env import agent_environment, apply
 from .core import Rendezvous, WorkerSpec, extract_failures
+from .errors import CLIError
 from .procs import become_subreaper, reap_children
 from .report import Failure, format_failure_report, root_failure
 from .settings import LaunchSettings
 
 __all__ = ["BOOTSTRAP_MODULE", "build_torchrun_argv", "rendezvous_of", "run_torchrun",
-           "worker_env", "worker_spec"]
+           "worker_command", "worker_env", "worker_spec"]
 
 BOOTSTRAP_MODULE = "accel.launch.bootstrap"
 
@@ -61,9 +62,23 @@ def build_torchrun_argv(settings: LaunchSettings) -> list[str]:
         argv += ["--tee", s.tee]
     if s.log_dir is not None:
         argv += ["--log-dir", s.log_dir]
-    argv += ["--no-python", s.python, "-u", "-m", BOOTSTRAP_MODULE]
-    argv += ["-m", s.script] if s.module else [s.script]
-    return argv + list(s.script_args)
+    if s.role is not None:
+        argv += ["--role", s.role]
+    if s.enable_cpu_affinity:
+        argv += ["--numa-binding", "node"]
+    return argv + ["--no-python", *worker_command(s)]
+
+
+def worker_command(settings: LaunchSettings) -> list[str]:
+    """What every worker runs: ``<python> -u -m accel.launch.bootstrap`` and the target.
+
+    The bootstrap runs a script or ``-m module`` in its own interpreter, and with
+    ``--no-python`` execs the target after its checks (the executable replaces it).
+    """
+    s = settings
+    target = ["-m", s.script] if s.module else ["--no-python", s.script] if s.no_python \
+        else [s.script]
+    return [s.python, "-u", "-m", BOOTSTRAP_MODULE, *target, *s.script_args]
 
 
 def worker_spec(settings: LaunchSettings) -> WorkerSpec:
@@ -80,7 +95,7 @@ def worker_spec(settings: LaunchSettings) -> WorkerSpec:
         if s.explicit("gradient_accumulation_steps") else None,
         debug=s.debug, config_file=s.config_file, cuda_visible_devices=s.cuda_visible_devices,
         layout=(s.num_processes, s.num_machines),
-        fresh_rdzv_store=s.max_restarts > 0 and s.rdzv_backend == "c10d")
+        fresh_rdzv_store=s.max_restarts > 0 and s.rdzv_backend == "c10d", dynamo=s.dynamo)
 
 
 def worker_env(settings: LaunchSettings) -> dict[str, str]:
@@ -136,6 +151,20 @@ def _quiet_torch_logs(debug: bool) -> None:
         agent.addFilter(_RestartNotice(debug))
 
 
+def _require_numa_binding() -> None:
+    import importlib.util
+
+    import torch
+
+    try:
+        found = importlib.util.find_spec("torch.numa.binding") is not None
+    except ModuleNotFoundError:  # no torch.numa package at all
+        found = False
+    if not found:
+        raise CLIError(f"--enable_cpu_affinity needs torchrun's --numa-binding, which PyTorch "
+                       f"{torch.__version__} does not have; upgrade PyTorch or drop the flag")
+
+
 def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -> int:
     """Run torchrun's agent in this process; print one ROOT CAUSE block on failure.
 
@@ -148,6 +177,8 @@ def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
+    if "--numa-binding" in argv:
+        _require_numa_binding()
     apply({**env, **agent_environment(os.getpid())})  # the agent's workers inherit them
     _quiet_torch_logs(debug)
     become_subreaper()

@@ -179,10 +179,12 @@ def test_accelerate_config_is_mapped_and_unknown_keys_listed(tmp_path: Path) -> 
         """))
     cfg = read_config(path)
     assert cfg.values == {"device": "cuda", "machine_rank": 0, "mixed_precision": "no",
-                          "num_machines": 1, "num_processes": 2, "rdzv_backend": "static"}
-    assert cfg.ignored == ["fsdp_config", "my_own_key"]
-    with pytest.raises(CLIError, match="FSDP.*not supported"):
-        parse_config({"distributed_type": "FSDP"}, "x.yaml")
+                          "num_machines": 1, "num_processes": 2, "rdzv_backend": "static",
+                          "same_network": True}
+    assert cfg.ignored == ["fsdp_config", "my_own_key"]  # not FSDP: its block is not used
+    assert cfg.unsupported is None
+    with pytest.raises(CLIError, match="MULTI_NPU.*not supported"):
+        parse_config({"distributed_type": "MULTI_NPU"}, "x.yaml")
     assert parse_config({"distributed_type": "NO"}, "x").values == {"num_processes": 1}
 
 
