@@ -170,7 +170,17 @@ def connect(args: Arguments) -> tuple[Options, Runtime]:
     # Resolve everything that can fail before touching process-wide state.
     timeout = _resolve_timeout(args.timeout, handlers.init, settings)
     process = _start_process(settings, args.device, args.cpu, handlers.init, timeout)
+    if process.context.is_main_process:
+        _warn_unapplied(settings)
     return options, _build_runtime(process, options, handlers)
+
+
+def _warn_unapplied(settings: env.EnvSettings) -> None:
+    """Settings ``accel launch`` passes on that the Accelerator does not apply yet: say so."""
+    if settings.dynamo_backend not in (None, "no"):
+        warnings.warn(f"ACCEL_DYNAMO_BACKEND={settings.dynamo_backend!r} (accel launch "
+                      "--dynamo_backend) is not applied: accel does not compile models yet; call "
+                      "model = torch.compile(model) yourself before prepare()", stacklevel=4)
 
 
 def connect_process(cpu: bool = False, init: InitProcessGroupKwargs | None = None

@@ -158,3 +158,14 @@ def test_autocast_forward_survives_deepcopy_and_pickle() -> None:
     assert "forward" not in twin.__dict__
     clone = pickle.loads(pickle.dumps(acc))  # the Accelerator itself (for DataLoader workers)
     assert (clone.process_index, clone.mixed_precision, clone._run.models) == (0, "bf16", [])
+
+
+def test_dynamo_settings_from_accel_launch_are_not_silently_ignored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_DYNAMO_BACKEND", "inductor")
+    with pytest.warns(UserWarning, match="ACCEL_DYNAMO_BACKEND='inductor'.*torch.compile"):
+        Accelerator(cpu=True)
+    monkeypatch.setenv("ACCEL_DYNAMO_BACKEND", "no")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Accelerator(cpu=True)
