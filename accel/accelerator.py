@@ -204,11 +204,11 @@ class Accelerator(CheckpointingMixin):
 
     @property
     def sync_gradients(self) -> bool:
-        return self._run.accumulation.sync_gradients
+        return self.gradient_state.sync_gradients
 
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
-        self._run.accumulation.sync_gradients = bool(value)
+        self.gradient_state.sync_gradients = value
 
     @property
     def gradient_accumulation_steps(self) -> int:

@@ -21,63 +21,10 @@ Example:
 
 from __future__ import annotations
 
-from .protocol import (
-    LoadedRun,
-    ModelStateIO,
-    RunSnapshot,
-    Stateful,
-    check_registrable,
-    load_run,
-    save_run,
-)
-from .storage import (
-    FORMAT_VERSION,
-    MANIFEST,
-    CheckpointError,
-    CheckpointReader,
-    CheckpointWriter,
-    FileRecord,
-    Manifest,
-    checkpoint_number,
-    checkpoints_root,
-    complete_checkpoints,
-    decode,
-    encode,
-    finalize,
-    is_complete,
-    latest_complete,
-    load,
-    load_component,
-    load_json,
-    load_model,
-    load_model_state,
-    load_tensors,
-    new_token,
-    next_checkpoint_name,
-    parse_size,
-    read_manifest,
-    read_state,
-    remove_checkpoint,
-    rotate,
-    save,
-    save_model,
-    temp_dir_for,
-    verify,
-    write_json,
-    write_state,
-    write_tensors,
-)
+# Everything each part exports, re-exported here: one list per part, kept in that part.
+from . import protocol as _protocol
+from . import storage as _storage
+from .protocol import *  # noqa: F403
+from .storage import *  # noqa: F403
 
-__all__ = [
-    # storage (unchanged since before the split)
-    "FORMAT_VERSION", "MANIFEST", "CheckpointError", "CheckpointReader", "CheckpointWriter",
-    "FileRecord", "Manifest", "checkpoint_number", "checkpoints_root", "complete_checkpoints",
-    "decode", "encode", "finalize", "is_complete", "latest_complete", "load", "load_component",
-    "load_json", "load_model", "load_model_state", "load_tensors", "new_token",
-    "next_checkpoint_name", "parse_size", "read_manifest", "read_state", "remove_checkpoint",
-    "rotate", "save", "save_model", "temp_dir_for", "verify", "write_json", "write_state",
-    "write_tensors",
-    # protocol
-    "LoadedRun", "ModelStateIO", "RunSnapshot", "Stateful", "check_registrable", "load_run",
-    "save_run",
-]
+__all__ = [*_storage.__all__, *_protocol.__all__]

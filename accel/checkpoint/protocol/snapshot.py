@@ -4,23 +4,7 @@ The protocol never reaches into the Accelerator: the facade (or any other front 
 :class:`RunSnapshot` of what it prepared and registered, and applies the :class:`LoadedRun` that
 ``load_run`` returns to its own run state.
 
-Example:
-    >>> import torch
-    >>> from accel.device import select_device
-    >>> class PlainIO:
-    ...     def model_state_dict(self, model): return model.state_dict()
-    ...     def load_model_state_dict(self, model, state, strict):
-    ...         return model.load_state_dict(state, strict=strict)
-    >>> class NoScaler:
-    ...     def state_dict(self): return {}
-    ...     def load_state_dict(self, state): pass
-    >>> snap = RunSnapshot(models=(torch.nn.Linear(2, 2),), optimizers=(), schedulers=(),
-    ...                    loaders=(), custom=(), scaler=NoScaler(), model_io=PlainIO(),
-    ...                    device=select_device(cpu=True), accumulation_step=0,
-    ...                    accumulation_steps=1, sync_gradients=True, optimizer_steps=0,
-    ...                    loaded_dir=None)
-    >>> component_counts(snap)["models"]
-    1
+See :mod:`accel.checkpoint.protocol` for an example that builds one and saves it.
 """
 
 from __future__ import annotations
