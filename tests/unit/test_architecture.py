@@ -83,7 +83,13 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/training.py", "L4"),
     ("accel/preparation.py", "L4"),
     ("accel/checkpoint/*", "L4"),
-    ("accel/utils.py", "L5"),  # Accelerate's accelerate.utils names, over L0-L4
+    # Accelerate's accelerate.utils names and module paths, over L0-L4
+    ("accel/utils/__init__.py", "L5"),
+    ("accel/utils/dataclasses.py", "L5"),
+    ("accel/utils/imports.py", "L5"),
+    ("accel/utils/operations.py", "L5"),
+    ("accel/utils/other.py", "L5"),
+    ("accel/utils/random.py", "L5"),
     ("accel/checkpointing.py", "L5"),  # the facade's checkpoint methods (a mixin of it)
     ("accel/accelerator.py", "L5"),
     ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4
@@ -98,7 +104,7 @@ ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "
 #: (checked below), so this edge can create neither a cycle nor an upward dependency, and being
 #: lazy it keeps the CLI off every library import path.
 SIDE_USERS: dict[str, tuple[str, ...]] = {
-    "accel/utils.py": ("accel.launch.config_cmd", "accel.launch.config_file"),
+    "accel/utils/other.py": ("accel.launch.config_cmd", "accel.launch.config_file"),
 }
 #: Layers accel/launch may import from (at any level; module level adds "never torch").
 LAUNCH_MAY_USE = {"L0", "L1", "side"}

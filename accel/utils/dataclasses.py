@@ -1,0 +1,26 @@
+"""Accelerate's ``accelerate.utils.dataclasses``: the configuration objects scripts build.
+
+Example:
+    >>> DistributedType.MULTI_CPU.value, DataLoaderConfiguration().even_batches
+    ('MULTI_CPU', True)
+"""
+
+from __future__ import annotations
+
+from ..config import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    PrecisionType,
+    ProjectConfiguration,
+)
+
+__all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
+           "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
+           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
+           "ProjectConfiguration"]
