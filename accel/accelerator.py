@@ -192,7 +192,7 @@ class Accelerator(CheckpointingMixin):
 
     @property
     def distributed_type(self) -> DistributedType:
-        return self._rt.strategy.distributed_type
+        return self._state.distributed_type
 
     @property
     def mixed_precision(self) -> str:

@@ -31,11 +31,12 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from . import env
 from .accumulation import AccumulationState
 from .config import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
 from .connector import UNSUPPORTED_ARGUMENTS, Runtime, connect_process, resolve_precision
@@ -54,15 +55,20 @@ _PLUGINS = ("dynamo_plugin", "deepspeed_plugin", "fsdp_plugin", "torch_tp_plugin
             "megatron_lm_plugin", "parallelism_config")
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Process:
-    """What a process view reads: the context, the group, and the collectives over it."""
+    """What a process view reads: the context, the group, and the collectives over it.
+
+    ``distributed_type`` and ``debug`` can be set through the view, as in Accelerate (whose own
+    test scripts set them to reach a code path); the rest is fixed when the process is set up.
+    Two views are equal when they describe the same process (the group handle and the
+    communicator are live objects, compared by what they serve, not by identity).
+    """
 
     context: ProcessContext
-    group: ProcessGroupHandle
-    comm: Communicator
+    group: ProcessGroupHandle = field(compare=False)
+    comm: Communicator = field(compare=False)
     distributed_type: DistributedType
-    debug: bool
 
 
 def _skip(*args: Any, **kwargs: Any) -> None:
@@ -79,7 +85,7 @@ def _connect(cpu: bool, kwargs: dict[str, Any]) -> tuple[_Process, Any]:
     setup = connect_process(cpu=cpu, init=init)
     ctx, debug = setup.context, setup.settings.debug
     comm = Communicator(ctx, [consistency_check] if debug else [])
-    process = _Process(ctx, setup.group, comm, select_strategy(ctx).distributed_type, debug)
+    process = _Process(ctx, setup.group, comm, select_strategy(ctx).distributed_type)
     return process, setup.settings
 
 
@@ -131,7 +137,16 @@ class PartialState:
 
     @property
     def distributed_type(self) -> DistributedType:
+        """What this process runs as (``MULTI_CPU``, ``MULTI_GPU``, ``XLA``, ``NO``, ...).
+
+        Setting it changes what this state, and the ``Accelerator`` it belongs to, report;
+        models are still wrapped by the strategy the process was set up with.
+        """
         return self._process.distributed_type
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType | str) -> None:
+        self._process.distributed_type = DistributedType(value)
 
     @property
     def backend(self) -> str | None:
@@ -141,8 +156,22 @@ class PartialState:
 
     @property
     def debug(self) -> bool:
-        """``ACCEL_DEBUG=1``: collectives first check op/shape/dtype across ranks."""
-        return self._process.debug
+        """``ACCEL_DEBUG=1``: collectives first check op/shape/dtype across ranks.
+
+        Setting it turns the check on or off for this process: for the collectives of this
+        state (and of its ``Accelerator``) and, through ``ACCEL_DEBUG``, for the module-level
+        ones in ``accel.utils``.
+        """
+        return consistency_check in self._process.comm.hooks
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        hooks = self._process.comm.hooks
+        if value and consistency_check not in hooks:
+            hooks.append(consistency_check)
+        elif not value and consistency_check in hooks:
+            hooks.remove(consistency_check)
+        env.apply({"ACCEL_DEBUG": "1" if value else "0"})
 
     @property
     def use_distributed(self) -> bool:
@@ -309,7 +338,7 @@ def bind_accelerator_state(runtime: Runtime) -> AcceleratorState:
     """
     state = AcceleratorState.__new__(AcceleratorState)
     state._process = _Process(runtime.context, runtime.group, runtime.comm,
-                              runtime.strategy.distributed_type, runtime.settings.debug)
+                              runtime.strategy.distributed_type)
     state._mixed_precision = runtime.precision.mode.value
     return state
 

@@ -181,7 +181,8 @@ def _launch(target: Path, library: str, out_dir: Path, nprocs: int, timeout: flo
     if library == "accel":
         cmd = [sys.executable, "-m", "accel", "launch", "--num_processes", str(nprocs),
                "--main_process_port", str(free_port()), str(target)]
-    else:
+    else:  # Accelerate runs its CPU processes as MULTI_CPU only when told to use the CPU
+        env["ACCELERATE_USE_CPU"] = "1"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs),
                "--master_port", str(free_port()), str(target)]
     try:
@@ -216,7 +217,8 @@ def run_script(script: str, library: str, work: Path, nprocs: int = 2,
                          time.perf_counter() - start)
     listing = work / f"{library}_{name}_list"
     code, output = _launch(target, library, listing, nprocs, timeout, ACCEL_COMPAT_ONLY="-1")
-    calls = (listing / "rank0.calls").read_text().splitlines() if code == 0 else []
+    listed = listing / "rank0.calls"
+    calls = listed.read_text().splitlines() if listed.exists() else []
     outputs = [output]
     for index in range(1, len(calls) + 1):
         rc, out = _launch(target, library, out_dir, nprocs, timeout,
