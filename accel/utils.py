@@ -59,6 +59,7 @@ from .config import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    LoggerType,
     PrecisionType,
     ProjectConfiguration,
     parse_mixed_precision,
@@ -75,7 +76,7 @@ from .strategy import strip_parallel
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
     "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
-    "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
+    "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
     "ProjectConfiguration", "broadcast", "broadcast_object_list", "extract_model_from_parallel",
     "find_executable_batch_size", "gather", "gather_object", "is_aim_available",
     "is_bf16_available", "is_clearml_available", "is_comet_ml_available", "is_compiled_module",
