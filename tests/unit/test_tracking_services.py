@@ -74,6 +74,17 @@ def _items(updates: Any) -> dict[str, Any]:
             for item in updates}
 
 
+def wandb_config(records: list[Any]) -> dict[str, Any]:
+    """The run's config: the run record's, then each config update in order."""
+    config: dict[str, Any] = {}
+    for record in records:
+        kind = record.WhichOneof("record_type")
+        if kind in ("run", "config"):
+            config.update(_items(getattr(record, kind).config.update if kind == "run"
+                                 else record.config.update))
+    return config
+
+
 @pytest.fixture
 def wandb_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """wandb writes offline under tmp_path (no network, no API key); its service is stopped."""
@@ -111,10 +122,7 @@ def test_wandb_offline_run_reads_back(wandb_offline: Path) -> None:
     records = wandb_records(next(run_dir.glob("run-*.wandb")))
     (start,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (start.project, start.display_name, list(start.tags)) == ("proj", "first", ["demo"])
-    config: dict[str, Any] = {}
-    for update in [start.config] + [r.config for r in records
-                                    if r.WhichOneof("record_type") == "config"]:
-        config.update(_items(update.update))
+    config = wandb_config(records)
     assert (config["lr"], config["layers"]) == (pytest.approx(0.1), [2, 3])
     history = {r.history.step.num: _items(r.history.item) for r in records
                if r.WhichOneof("record_type") == "history"}
