@@ -5,8 +5,14 @@ It sits apart from ``accel.tracking`` so that the trackers of other services
 (``accel.tracking_services``) can subclass it while ``accel.tracking`` lists them all.
 
 Example:
-    >>> _to_python(__import__("torch").tensor(0.5)), _scalar("loss", 2, "demo")
-    (0.5, 2)
+    >>> class Quiet(GeneralTracker):
+    ...     name = "quiet"
+    ...     def log(self, values, step=None, **kwargs):
+    ...         pass
+    >>> tracker = Quiet()
+    >>> tracker.start()  # the default opens nothing
+    >>> tracker.tracker is tracker
+    True
 """
 
 from __future__ import annotations

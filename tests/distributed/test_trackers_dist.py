@@ -11,7 +11,7 @@ import pytest
 
 from accel._optional import is_available
 from tests.spawn import run_workers
-from tests.unit.test_tracking_services import _items, wandb_config, wandb_records
+from tests.wandb_files import wandb_config, wandb_history, wandb_records
 
 pytestmark = pytest.mark.skipif(
     not (is_available("wandb") and is_available("mlflow")),
@@ -65,8 +65,7 @@ def test_service_trackers_record_the_main_process_once(tmp_path: Path,
 
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")  # one run, the main process's
     records = wandb_records(next(run_dir.glob("run-*.wandb")))
-    history = [(r.history.step.num, _items(r.history.item)["loss"]) for r in records
-               if r.WhichOneof("record_type") == "history"]
+    history = [(step, row["loss"]) for step, row in wandb_history(records)]
     assert history == [(0, 0.0), (1, 1.0), (2, 2.0)]
     (start,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (start.project, start.display_name, wandb_config(records)["lr"]) == (

@@ -4,13 +4,11 @@ library reads back; names, LoggerType, availability probes and missing-extra err
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +28,7 @@ from accel.tracking import (
 )
 from accel.utils import LoggerType as UtilsLoggerType
 from tests.spawn import clean_env
+from tests.wandb_files import wandb_config, wandb_history, wandb_records
 
 #: tracker name -> (module, pip extra, class)
 SERVICES = {"wandb": ("wandb", "wandb", WandBTracker),
@@ -41,48 +40,6 @@ SERVICES = {"wandb": ("wandb", "wandb", WandBTracker),
 def needs(module: str, extra: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not is_available(module),
                               reason=f"{module} is not installed (pip install 'accel[{extra}]')")
-
-
-# -- reading wandb's offline run file ------------------------------------------------------------
-def wandb_records(run_file: Path) -> list[Any]:
-    """The records of a ``.wandb`` file, decoded with wandb's own protobuf schema.
-
-    The file is wandb's LevelDB-style log (header ``:W&B``, 32 KiB blocks, each record chunk
-    prefixed by crc32/length/type); wandb 0.2x+ no longer ships a Python reader for it.
-    """
-    from wandb.proto import wandb_internal_pb2
-
-    data, block, pos, pending, records = run_file.read_bytes(), 32768, 7, b"", []
-    assert data[:4] == b":W&B", data[:7]
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # the tail of a block too short for a header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pending += data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
-
-
-def _items(updates: Any) -> dict[str, Any]:
-    return {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-            for item in updates}
-
-
-def wandb_config(records: list[Any]) -> dict[str, Any]:
-    """The run's config: the run record's, then each config update in order."""
-    config: dict[str, Any] = {}
-    for record in records:
-        kind = record.WhichOneof("record_type")
-        if kind in ("run", "config"):
-            config.update(_items(getattr(record, kind).config.update if kind == "run"
-                                 else record.config.update))
-    return config
 
 
 @pytest.fixture
@@ -124,9 +81,8 @@ def test_wandb_offline_run_reads_back(wandb_offline: Path) -> None:
     assert (start.project, start.display_name, list(start.tags)) == ("proj", "first", ["demo"])
     config = wandb_config(records)
     assert (config["lr"], config["layers"]) == (pytest.approx(0.1), [2, 3])
-    history = {r.history.step.num: _items(r.history.item) for r in records
-               if r.WhichOneof("record_type") == "history"}
-    assert sorted(history) == [1, 2, 3, 4]
+    history = dict(wandb_history(records))
+    assert [step for step, _ in wandb_history(records)] == [1, 2, 3, 4]
     assert (history[1]["loss"], history[1]["acc"], history[2]["loss"]) == (0.5, 0.25, 0.25)
     assert (history[2]["sample/_type"], history[2]["sample/width"]) == ("image-file", 4)
     assert (history[3]["grid/_type"], history[3]["grid/count"]) == ("images/separated", 2)
