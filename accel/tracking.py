@@ -55,6 +55,7 @@ __all__ = ["AimTracker", "CSVTracker", "CometMLTracker", "GeneralTracker", "JSON
            "LoggerType", "MLflowTracker", "TensorBoardTracker", "TrackerSet", "WandBTracker",
            "available_trackers", "check_log_with", "init_trackers", "on_main_process"]
 
+
 def _scalars(values: Mapping[str, Any], tracker: str) -> dict[str, Scalar]:
     """Validated row for the file trackers, whose first column is ``step``."""
     if "step" in values:
