@@ -24,6 +24,7 @@ __all__ = [
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "KwargsHandler",
+    "LoggerType",
     "PrecisionType",
     "ProjectConfiguration",
     "parse_mixed_precision",
@@ -82,6 +83,35 @@ class DDPCommunicationHookType(str, enum.Enum):
     BF16 = "bf16"
     POWER_SGD = "power_sgd"
     BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class LoggerType(str, enum.Enum):
+    """An experiment tracker's name for ``Accelerator(log_with=...)``; members and values are
+    Accelerate's (a member equals its string: ``LoggerType.WANDB == "wandb"``).
+
+    accel runs ``all``, ``tensorboard``, ``wandb``, ``mlflow``, ``comet_ml`` and ``aim`` (and its
+    own ``jsonl`` and ``csv``, which have no member here: pass the string). ``trackio``,
+    ``clearml``, ``dvclive`` and ``swanlab`` are listed so that scripts naming them import; asking
+    for one raises, naming the alternatives.
+
+    Example:
+        >>> LoggerType.COMETML == "comet_ml", LoggerType("wandb") is LoggerType.WANDB
+        (True, True)
+    """
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+
+    def __str__(self) -> str:
+        return str(self.value)  # as Accelerate's: f"{LoggerType.WANDB}" is "wandb"
 
 
 class PrecisionType(str, enum.Enum):

@@ -1,4 +1,5 @@
-"""Experiment trackers: ``jsonl``, ``csv``, ``tensorboard`` and a base class for your own.
+"""Experiment trackers: ``jsonl``, ``csv``, ``tensorboard``, the services ``wandb``, ``mlflow``,
+``comet_ml`` and ``aim`` (see ``accel.tracking_services``), and a base class for your own.
 
 Only the main process writes. :func:`init_trackers` (what ``Accelerator.init_trackers``
 delegates to) builds the trackers on the main process and returns a :class:`TrackerSet`; on other
@@ -16,7 +17,11 @@ Files, under ``<logging_dir>/<project_name>/``:
   Also writes ``config.json``.
 - ``tensorboard`` (``pip install 'accel[tensorboard]'``): event files via
   ``torch.utils.tensorboard.SummaryWriter``; numbers -> ``add_scalar``, strings -> ``add_text``,
-  dicts of numbers -> ``add_scalars``; the config goes to ``add_hparams``.
+  dicts of numbers -> ``add_scalars``; the config goes to ``add_hparams``; ``log_images``.
+
+``log_with`` takes these names or Accelerate's ``LoggerType`` members. Trackers of services
+(``wandb``, ...) write where their library is configured to (its environment variables, or
+``init_kwargs``); each is an optional extra: ``pip install 'accel[wandb]'``.
 
 Existing ``metrics.*`` files are appended to (a resumed run continues the same file).
 
@@ -31,111 +36,24 @@ Example:
 
 from __future__ import annotations
 
-import abc
 import csv
-import functools
 import json
-import numbers
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from ._optional import is_available, require
+from ._optional import check_installed, is_available, require
+from .config import LoggerType
+from .tracking_base import GeneralTracker, Scalar, _scalar, _to_python, on_main_process
+from .tracking_services import SERVICES, AimTracker, CometMLTracker, MLflowTracker, WandBTracker
 
-__all__ = ["CSVTracker", "check_log_with", "GeneralTracker", "JSONLTracker", "TensorBoardTracker",
-           "TrackerSet", "available_trackers", "init_trackers", "on_main_process"]
-
-Scalar = bool | int | float | str
-
-
-def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a tracker method so that it runs on the main process only, when the tracker's
-    ``main_process_only`` attribute is true (Accelerate's decorator for custom trackers).
-
-    The rank is read when the method is called (from the launcher environment), so decorating
-    needs no ``Accelerator``; elsewhere the method returns None.
-
-    Example:
-        >>> class Printer:
-        ...     main_process_only = True
-        ...     @on_main_process
-        ...     def log(self, values):
-        ...         print(values)
-        >>> Printer().log({"loss": 1.0})  # a plain `python` run is rank 0
-        {'loss': 1.0}
-    """
-    @functools.wraps(function)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "main_process_only", False):
-            from .env import detect_launch  # stdlib only; read at call time
-
-            if detect_launch().rank != 0:
-                return None
-        return function(self, *args, **kwargs)
-
-    return run
-
-
-class GeneralTracker(abc.ABC):
-    """Base class for trackers: subclass it to send metrics anywhere.
-
-    Set the class attributes ``name`` (what ``log_with``/``get_tracker`` call it) and
-    ``requires_logging_directory``; implement ``log``; override ``store_init_configuration``,
-    ``finish`` and ``tracker`` as needed. ``main_process_only = False`` makes accel call the
-    tracker on every rank (pass an instance in ``log_with``; built on each rank by you).
-
-    Example:
-        >>> class PrintTracker(GeneralTracker):
-        ...     name = "print"
-        ...     def log(self, values, step=None, **kwargs):
-        ...         print(step, values)
-        >>> run = init_trackers([PrintTracker()], "demo", is_main=True)
-        >>> run.log({"loss": 1.5}, step=2)
-        2 {'loss': 1.5}
-    """
-
-    name: ClassVar[str] = ""
-    requires_logging_directory: ClassVar[bool] = False
-    main_process_only: ClassVar[bool] = True
-
-    def store_init_configuration(self, config: Mapping[str, Any]) -> None:
-        """Record the run's hyper-parameters (called once by ``init_trackers``)."""
-
-    @abc.abstractmethod
-    def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Record ``values`` (0-d tensors already converted to Python numbers) at ``step``."""
-
-    def finish(self) -> None:
-        """Flush and close (called by ``end_training``)."""
-
-    @property
-    def tracker(self) -> Any:
-        """The underlying object (``get_tracker(name, unwrap=True)`` returns it)."""
-        return self
-
-
-def _to_python(value: Any) -> Any:
-    """0-d tensors / numpy scalars -> Python scalars; anything else unchanged."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        return value.item()
-    return value
-
-
-def _scalar(key: str, value: Any, tracker: str) -> Scalar:
-    value = _to_python(value)
-    if isinstance(value, (bool, str, int, float)):
-        return value
-    if isinstance(value, numbers.Real):  # e.g. numpy.float32, fractions
-        return float(value)
-    shape = getattr(value, "shape", None)
-    hint = f" of shape {tuple(shape)}" if shape is not None else ""
-    raise TypeError(
-        f"{tracker} tracker: values[{key!r}] is a {type(value).__name__}{hint}; expected a "
-        "number, a string or a 0-d tensor (log e.g. loss.item() or t.mean())"
-    )
+__all__ = ["AimTracker", "CSVTracker", "CometMLTracker", "GeneralTracker", "JSONLTracker",
+           "LoggerType", "MLflowTracker", "TensorBoardTracker", "TrackerSet", "WandBTracker",
+           "available_trackers", "check_log_with", "init_trackers", "on_main_process"]
 
 
 def _scalars(values: Mapping[str, Any], tracker: str) -> dict[str, Scalar]:
@@ -274,6 +192,14 @@ class TensorBoardTracker(GeneralTracker):
                 self.writer.add_scalar(key, scalar, global_step=step, **kwargs)
         self.writer.flush()
 
+    def log_images(self, values: Mapping[str, Any], step: int | None = None,
+                   **kwargs: Any) -> None:
+        """``add_images`` for each value: a batch of images (``NCHW`` by default; pass
+        ``dataformats="NHWC"`` for channels-last arrays)."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
+        self.writer.flush()
+
     def finish(self) -> None:
         self.writer.close()
 
@@ -283,20 +209,27 @@ class TensorBoardTracker(GeneralTracker):
         return self.writer
 
 
-_BUILTIN: Mapping[str, type[_FileTracker] | type[TensorBoardTracker]] = MappingProxyType({
-    "jsonl": JSONLTracker, "csv": CSVTracker, "tensorboard": TensorBoardTracker,
+_BUILTIN: Mapping[str, type[GeneralTracker]] = MappingProxyType({
+    "jsonl": JSONLTracker, "csv": CSVTracker, "tensorboard": TensorBoardTracker, **SERVICES,
 })
-_EXTRAS: Mapping[str, str] = MappingProxyType({"tensorboard": "tensorboard"})
+#: tracker name -> (module it needs, pip extra that installs it)
+_EXTRAS: Mapping[str, tuple[str, str]] = MappingProxyType({
+    "tensorboard": ("tensorboard", "tensorboard"),
+    **{name: (cls.package, cls.extra) for name, cls in SERVICES.items()},
+})
+#: Accelerate's trackers that accel does not have (``LoggerType`` lists them).
+_NOT_SUPPORTED = ("trackio", "clearml", "dvclive", "swanlab")
 
 
 def available_trackers() -> list[str]:
-    """Built-in tracker names usable here (``tensorboard`` only when it is installed).
+    """Built-in tracker names usable here: those whose library is installed (checked without
+    importing it). ``log_with="all"`` starts all of them, as in Accelerate.
 
     Example:
         >>> available_trackers()[:2]
         ['jsonl', 'csv']
     """
-    return [name for name in _BUILTIN if name not in _EXTRAS or is_available(_EXTRAS[name])]
+    return [name for name in _BUILTIN if name not in _EXTRAS or is_available(_EXTRAS[name][0])]
 
 
 LogWith = str | GeneralTracker | Sequence[str | GeneralTracker] | None
@@ -317,13 +250,21 @@ def _resolve(log_with: LogWith) -> list[str | GeneralTracker]:
                 raise ValueError(f"{type(item).__name__} has no `name`; set the class attribute "
                                  "`name = \"...\"` so get_tracker() can find it")
             out.append(item)
-        elif item == "all":
+            continue
+        item = item.value if isinstance(item, Enum) else item  # LoggerType.WANDB -> "wandb"
+        if item == "all":
             out.extend(n for n in available_trackers() if n not in out)
         elif isinstance(item, str) and item in _BUILTIN:
             if item in _EXTRAS:
-                require(_EXTRAS[item], _EXTRAS[item])  # on every rank: fail everywhere alike
+                check_installed(*_EXTRAS[item])  # on every rank: fail everywhere alike
             if item not in out:
                 out.append(item)
+        elif item in _NOT_SUPPORTED:
+            raise ValueError(
+                f"tracker {item!r} is one of Accelerate's that accel does not have yet; use "
+                f"{', '.join(repr(n) for n in _BUILTIN)}, or send values to {item} from your "
+                "own subclass of accel.tracking.GeneralTracker passed in log_with"
+            )
         else:
             raise ValueError(
                 f"unknown tracker {item!r} in log_with; available: 'all', "
@@ -449,6 +390,16 @@ class TrackerSet:
                          "(pass it in log_with and call init_trackers first)")
 
 
+def _build(name: str, project_name: str, logging_dir: str | os.PathLike[str] | None,
+           kwargs: Mapping[str, Any]) -> GeneralTracker:
+    """Construct a built-in tracker as Accelerate does: the logging directory is the second
+    argument of those that write files, and is not passed to the others."""
+    factory: Callable[..., GeneralTracker] = _BUILTIN[name]
+    if _BUILTIN[name].requires_logging_directory:
+        return factory(project_name, logging_dir, **kwargs)
+    return factory(project_name, **kwargs)
+
+
 def init_trackers(
     log_with: LogWith,
     project_name: str,
@@ -460,18 +411,22 @@ def init_trackers(
     """Build the trackers named in ``log_with`` (on the main process) and store ``config``.
 
     Args:
-        log_with: ``"all"``, a name (``"jsonl"``, ``"csv"``, ``"tensorboard"``), a
+        log_with: ``"all"``, a name (``"jsonl"``, ``"csv"``, ``"tensorboard"``, ``"wandb"``,
+            ``"mlflow"``, ``"comet_ml"``, ``"aim"``) or ``LoggerType`` member, a
             ``GeneralTracker`` instance, or a list of those.
         project_name: run name; file trackers write under ``<logging_dir>/<project_name>/``.
         config: hyper-parameters passed to each tracker's ``store_init_configuration``.
-        logging_dir: required by the built-in trackers (``Accelerator(project_dir=...)``).
+        logging_dir: required by the trackers that write files (``jsonl``, ``csv``,
+            ``tensorboard``, ``aim``: ``Accelerator(project_dir=...)``).
         is_main: whether this process writes. Names are validated on every rank either way.
-        init_kwargs: tracker name -> keyword arguments for that built-in tracker's constructor.
+        init_kwargs: tracker name -> keyword arguments for that built-in tracker's constructor
+            (for ``wandb``: ``wandb.init``'s).
 
     Raises:
         ValueError: unknown tracker name, missing ``logging_dir``, or ``init_kwargs`` for a
             tracker not in use.
-        ModuleNotFoundError: ``tensorboard`` requested but not installed.
+        ModuleNotFoundError: a tracker's library is not installed (the message names the
+            pip extra).
 
     Example:
         >>> run = init_trackers(None, "demo")
@@ -496,9 +451,9 @@ def init_trackers(
             if is_main or not item.main_process_only:
                 result.trackers.append(item)
         elif is_main:
-            assert logging_dir is not None  # checked above for every built-in
-            result.trackers.append(_BUILTIN[item](project_name, logging_dir,
-                                                  **options.get(item, {})))
+            result.trackers.append(_build(item, project_name, logging_dir, options.get(item, {})))
+    for tracker in result.trackers:
+        tracker.start()
     if config is not None:
         for tracker in result.trackers:
             tracker.store_init_configuration(config)

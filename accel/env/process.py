@@ -32,6 +32,8 @@ __all__ = [
     "formed_layout",
     "gloo_socket_ifname",
     "log_level",
+    "MLFLOW_VARIABLES",
+    "mlflow_variables",
     "pjrt_device",
     "requested_layout",
     "worker_environment",
@@ -101,6 +103,21 @@ def config_home(environ: Mapping[str, str] | None = None) -> str | None:
 def gloo_socket_ifname(environ: Mapping[str, str] | None = None) -> str | None:
     """``GLOO_SOCKET_IFNAME`` (the network interface gloo must use), or None when unset/empty."""
     return current(environ).get("GLOO_SOCKET_IFNAME") or None
+
+
+#: The MLflow variables that take priority over ``MLflowTracker``'s arguments (as in Accelerate).
+MLFLOW_VARIABLES = ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "MLFLOW_NESTED_RUN")
+
+
+def mlflow_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``MLFLOW_VARIABLES`` that are set and not empty.
+
+    Example:
+        >>> mlflow_variables({"MLFLOW_RUN_ID": "abc", "MLFLOW_TAGS": "", "HOME": "/root"})
+        {'MLFLOW_RUN_ID': 'abc'}
+    """
+    env = current(environ)
+    return {name: env[name] for name in MLFLOW_VARIABLES if env.get(name)}
 
 
 def error_file(environ: Mapping[str, str] | None = None) -> str | None:

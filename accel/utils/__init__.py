@@ -31,6 +31,7 @@ from .dataclasses import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    LoggerType,
     PrecisionType,
     ProjectConfiguration,
 )
@@ -118,10 +119,10 @@ from .random import (
 )
 
 __all__ = [
-    "dataclasses", "imports", "operations", "other", "random",
-    "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
-    "DistributedDataParallelKwargs", "DistributedOperationException", "DistributedType",
-    "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
+    "dataclasses", "imports", "operations", "other", "random", "AutocastKwargs",
+    "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
+    "DistributedOperationException", "DistributedType", "GradScalerKwargs",
+    "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
     "ProjectConfiguration", "broadcast", "broadcast_object_list", "copy_tensor_to_devices",
     "extract_model_from_parallel", "find_executable_batch_size", "gather", "gather_object",
     "is_4bit_bnb_available", "is_8bit_bnb_available", "is_aim_available", "is_amdsmi_available",

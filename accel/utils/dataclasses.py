@@ -16,11 +16,12 @@ from ..config import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    LoggerType,
     PrecisionType,
     ProjectConfiguration,
 )
 
 __all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
            "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
-           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
+           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
            "ProjectConfiguration"]

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from accel._optional import is_available
-from accel.tracking import (CSVTracker, GeneralTracker, TrackerSet, available_trackers,
-                            init_trackers)
+from accel.tracking import CSVTracker, GeneralTracker, TrackerSet, available_trackers, init_trackers
 
 
 class Recorder(GeneralTracker):
@@ -102,12 +101,15 @@ def test_custom_tracker_gets_converted_values_and_options(tmp_path: Path) -> Non
 
 
 def test_log_with_resolution_and_errors(tmp_path: Path) -> None:
-    assert init_trackers("all", "p", None, tmp_path).names == tuple(available_trackers())
+    # "all" starts every installed tracker (wandb too, where installed): checked off-main here
+    assert init_trackers("all", "p", None, tmp_path, is_main=False).names == tuple(
+        available_trackers())
     assert init_trackers(["jsonl", "jsonl"], "p", None, tmp_path).names == ("jsonl",)
     assert init_trackers(None, "p").names == ()
-    with pytest.raises(ValueError, match=r"unknown tracker 'wandb'.*'jsonl', 'csv', "
-                                         r"'tensorboard', or a GeneralTracker"):
-        init_trackers(["jsonl", "wandb"], "p", None, tmp_path)
+    with pytest.raises(ValueError, match=r"unknown tracker 'nonsense'.*'jsonl', 'csv', "
+                                         r"'tensorboard', 'wandb', 'comet_ml', 'aim', 'mlflow', "
+                                         r"or a GeneralTracker"):
+        init_trackers(["jsonl", "nonsense"], "p", None, tmp_path)
     with pytest.raises(ValueError, match="'jsonl' writes files but no logging directory"):
         init_trackers("jsonl", "p", None, None, is_main=False)  # checked on every rank
     with pytest.raises(ValueError, match=r"init_kwargs names tracker\(s\) \['csv'\]"):
@@ -153,12 +155,18 @@ def test_tensorboard_writes_readable_events(tmp_path: Path) -> None:
     assert isinstance(run.get_tracker("tensorboard", unwrap=True), SummaryWriter)
     run.log({"loss": torch.tensor(0.5), "note": "hello"}, step=1)
     run.log({"loss": 0.25, "pair": {"a": 1.0, "b": 2.0}}, step=2)
+    run.get_tracker("tensorboard").log_images({"batch": np.zeros((2, 3, 4, 4))}, step=2)
+    run.get_tracker("tensorboard").log_images({"hwc": np.ones((1, 4, 4, 3))}, step=3,
+                                              dataformats="NHWC")
     run.end_training()
     events = EventAccumulator(str(tmp_path / "exp"))
     events.Reload()
     loss = [(e.step, e.value) for e in events.Scalars("loss")]
     assert loss == [(1, 0.5), (2, 0.25)]
     assert "note/text_summary" in events.Tags()["tensors"]
+    batch = events.Images("batch")  # add_images: one image summary of the batch
+    assert [(e.step, e.width, e.height) for e in batch] == [(2, 8, 4)]  # 2 images, tiled
+    assert [(e.step, e.width, e.height) for e in events.Images("hwc")] == [(3, 4, 4)]
     assert (tmp_path / "exp" / "pair_a").is_dir()  # add_scalars writes one run per key
     assert not list(tmp_path.glob("*/*.csv"))
     off_main = init_trackers("tensorboard", "exp2", None, tmp_path, is_main=False)
