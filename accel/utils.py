@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -66,18 +65,26 @@ from .config import (
 from .data import send_to_device, skip_first_batches
 from .device import DEVICE_KINDS
 from .distributed import Communicator, ProcessContext, build_context
+from .dynamo import (
+    DynamoBackend,
+    TorchDynamoPlugin,
+    compile_regions,
+    has_compiled_regions,
+    is_compiled_module,
+)
 from .memory import find_executable_batch_size, release_memory
 from .precision import remove_forward_wrapper
 from .progress import tqdm
 from .rng import seed_everything
-from .strategy import strip_parallel
+from .strategy import unwrap_module
 
 __all__ = [
     "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
-    "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
+    "DistributedDataParallelKwargs", "DistributedType", "DynamoBackend", "GradScalerKwargs",
     "GradientAccumulationPlugin", "InitProcessGroupKwargs", "PrecisionType",
-    "ProjectConfiguration", "broadcast", "broadcast_object_list", "extract_model_from_parallel",
-    "find_executable_batch_size", "gather", "gather_object", "is_aim_available",
+    "ProjectConfiguration", "TorchDynamoPlugin", "broadcast", "broadcast_object_list",
+    "compile_regions", "extract_model_from_parallel", "find_executable_batch_size", "gather",
+    "gather_object", "has_compiled_regions", "is_aim_available",
     "is_bf16_available", "is_clearml_available", "is_comet_ml_available", "is_compiled_module",
     "is_cuda_available", "is_datasets_available", "is_dvclive_available",
     "is_matplotlib_available", "is_mlflow_available", "is_mps_available", "is_pandas_available",
@@ -192,24 +199,6 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
         yield
 
 
-def is_compiled_module(module: Any) -> bool:
-    """True when ``module`` is what ``torch.compile(model)`` returned.
-
-    Example:
-        >>> is_compiled_module(torch.nn.Linear(1, 1))
-        False
-    """
-    if "torch._dynamo" not in sys.modules:  # nothing can be compiled before dynamo is imported
-        return False
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return isinstance(module, OptimizedModule)
-
-
-def _compiled_inner(module: nn.Module) -> nn.Module:
-    return cast(nn.Module, module._orig_mod)  # the module that torch.compile wrapped
-
-
 def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True,
                                 keep_torch_compile: bool = True) -> nn.Module:
     """The user's model inside the DDP (and, unless kept, ``torch.compile``) wrappers.
@@ -217,26 +206,17 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     Args:
         model: a model returned by ``prepare()``, possibly compiled.
         keep_fp32_wrapper: False also removes the mixed-precision forward wrapper.
-        keep_torch_compile: keep the compile wrapper (when it wraps the user's model directly).
+        keep_torch_compile: a compiled model comes back compiled: ``torch.compile(module)``
+            rather than ``torch.compile(DDP(module))`` (then a new wrapper with the same
+            settings; the one being trained is left as it is).
 
     Example:
         >>> net = torch.nn.Linear(1, 1)
         >>> extract_model_from_parallel(net) is net
         True
     """
-    compiled = model if is_compiled_module(model) else None
-    inner = strip_parallel(_compiled_inner(model) if compiled is not None else model)
-    if is_compiled_module(inner):  # DDP(compile(m)): the wrapper sits inside
-        compiled, inner = inner, _compiled_inner(inner)
-    result = inner
-    if compiled is not None and keep_torch_compile:
-        if _compiled_inner(compiled) is inner:
-            result = compiled
-        else:
-            warnings.warn("extract_model_from_parallel: torch.compile was applied over the DDP "
-                          "wrapper, so the compiled module cannot be kept without re-pointing "
-                          "the one you train with; returning the plain model. Compile before "
-                          "prepare() to keep it", stacklevel=2)
+    inner = unwrap_module(model)
+    result = unwrap_module(model, keep_torch_compile=True) if keep_torch_compile else inner
     if not keep_fp32_wrapper:
         for module in {id(result): result, id(inner): inner}.values():
             remove_forward_wrapper(module)
