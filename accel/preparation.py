@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from .distributed import Communicator
 from .dynamo import (
     TorchDynamoPlugin,
     compile_model,
+    compiled_inner,
     compiles_inside_wrapper,
     has_compiled_regions,
 )
@@ -149,8 +151,7 @@ class Preparer:
         compiled again."""
         self.precision.check_model(model)
         strategy = self.strategy.with_placement(place and self.strategy.place)
-        dynamo = self.dynamo if self.dynamo is not None and self.dynamo.compiles \
-            and not has_compiled_regions(model) else None
+        dynamo = self._compiler_for(model)
         early = dynamo is not None and (bool(dynamo.use_regional_compilation)
                                         or not compiles_inside_wrapper(model))
         if dynamo is not None and early:
@@ -164,6 +165,21 @@ class Preparer:
             wrapped = compile_model(wrapped, dynamo)
         self.run.models.append(wrapped)
         return wrapped
+
+    def _compiler_for(self, model: nn.Module) -> TorchDynamoPlugin | None:
+        """The compile settings for ``model``; None when nothing is to be compiled."""
+        if self.dynamo is None or not self.dynamo.compiles:
+            return None
+        if has_compiled_regions(model):
+            if self.comm.ctx.is_main_process:
+                inner = compiled_inner(model)
+                name = type(model if inner is None else inner).__name__
+                warnings.warn(f"prepare(): {name} is compiled already (torch."
+                              "compile before prepare()), so it is not compiled again with "
+                              f"dynamo backend {self.dynamo.to_dict()['backend']!r}; drop one of "
+                              "the two to silence this", stacklevel=6)
+            return None
+        return self.dynamo
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader[Any],
                             place: bool = True) -> PreparedDataLoader:

@@ -38,6 +38,7 @@ def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in DYNAMO_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     torch._dynamo.reset()  # no cached graph of one test serves another
+    torch._dynamo.utils.counters.clear()
     yield
 
 
@@ -121,6 +122,23 @@ def test_launch_dynamo_settings_round_trip_through_the_worker_environment() -> N
     assert "ACCEL_DYNAMO_USE_DYNAMIC" not in settings_environment(EnvSettings())
 
 
+def test_yaml_dynamo_config_reaches_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.launch.config_file import parse_config
+    from accel.launch.torchrun import worker_env
+    from tests.unit.test_cli import settings
+
+    config = parse_config({"distributed_type": "MULTI_CPU", "dynamo_config": {
+        "dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune",
+        "dynamo_use_dynamic": False, "dynamo_use_regional_compilation": True}}, "c.yaml")
+    env = worker_env(settings(["t.py"], config=config))  # what accel launch exports
+    for name in DYNAMO_VARIABLES:
+        if name in env:
+            monkeypatch.setenv(name, env[name])
+    plugin = TorchDynamoPlugin()  # in the worker
+    assert (plugin.backend, plugin.mode, plugin.dynamic, plugin.use_regional_compilation) == (
+        DynamoBackend.INDUCTOR, "max-autotune", False, True)
+
+
 def test_plugin_errors_say_what_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"TorchDynamoPlugin\(backend=...\)='fast' is not a dynamo "
                        r"backend; expected one of no, eager, aot_eager, inductor, .*; pass "
@@ -181,9 +199,12 @@ def test_accelerator_dynamo_arguments_and_state(monkeypatch: pytest.MonkeyPatch)
         Accelerator(cpu=True)  # backend "no" alone: nothing to say
 
 
-def test_backend_no_and_disable() -> None:
+def test_backend_no_and_disable_and_evaluation_mode() -> None:
     net = _mlp()
     assert Accelerator(cpu=True, dynamo_backend="no").prepare(net) is net
+    evaluated = Accelerator(cpu=True, dynamo_backend="eager").prepare_model(
+        _mlp(), evaluation_mode=True)
+    assert is_compiled_module(evaluated)  # compiled for inference too, as in Accelerate
     plugin = TorchDynamoPlugin(backend="inductor", disable=True)
     model = Accelerator(cpu=True, dynamo_plugin=plugin).prepare(_mlp())
     x = torch.randn(2, WIDTH)
@@ -218,7 +239,9 @@ def test_model_the_user_compiled_is_not_compiled_again_and_saves_clean(tmp_path:
     net = _mlp()
     compiled = torch.compile(net, backend="eager")
     accelerator = Accelerator(cpu=True, dynamo_backend="eager", project_dir=str(tmp_path))
-    model = accelerator.prepare(compiled)
+    with pytest.warns(UserWarning, match="MLP is compiled already .* not compiled again with "
+                      "dynamo backend 'eager'"):
+        model = accelerator.prepare(compiled)
     assert model is compiled  # not torch.compile(torch.compile(net))
     x = torch.randn(4, WIDTH)
     before = model(x).detach()
@@ -259,7 +282,8 @@ def test_regional_compilation_compiles_each_repeated_block(tmp_path: Path) -> No
     # No repeated blocks: the whole module is compiled.
     whole = compile_regions(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), backend="eager")
     assert is_compiled_module(whole)
-    assert Accelerator(cpu=True, dynamo_plugin=plugin).prepare(model) is model  # compiled already
+    with pytest.warns(UserWarning, match="compiled already"):
+        assert Accelerator(cpu=True, dynamo_plugin=plugin).prepare(model) is model
 
 
 def test_unwrap_keeps_or_drops_the_compile_wrapper() -> None:
@@ -270,6 +294,9 @@ def test_unwrap_keeps_or_drops_the_compile_wrapper() -> None:
     assert extract_model_from_parallel(model) is model
     assert extract_model_from_parallel(model, keep_torch_compile=False) is net
     assert "forward" in vars(net)  # the autocast wrapper, on the module compile wraps
+    x = torch.randn(2, WIDTH)
+    assert model(x).dtype == torch.float32 and torch._dynamo.utils.counters["stats"][
+        "unique_graphs"] >= 1  # autocast traced inside the graph; fp32 out
     assert accelerator.unwrap_model(model, keep_fp32_wrapper=False,
                                     keep_torch_compile=False) is net
     assert "forward" not in vars(net)
