@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "AcceleratorState": "accel.state",
     "GradientState": "accel.state",
     "PartialState": "accel.state",
+    "TorchDynamoPlugin": "accel.dynamo",
     "GeneralTracker": "accel.tracking",
     "debug_launcher": "accel.launch.notebook",
     "find_executable_batch_size": "accel.memory",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import PrecisionType as PrecisionType
     from .config import ProjectConfiguration as ProjectConfiguration
     from .data import skip_first_batches as skip_first_batches
+    from .dynamo import TorchDynamoPlugin as TorchDynamoPlugin
     from .launch.notebook import debug_launcher as debug_launcher
     from .launch.notebook import notebook_launcher as notebook_launcher
     from .logging import get_logger as get_logger

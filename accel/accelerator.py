@@ -39,6 +39,7 @@ from .config import (
 from .connector import Arguments, connect
 from .data import PreparedDataLoader, gather_for_metrics, send_to_device, skip_first_batches
 from .distributed.sync import any_rank
+from .dynamo import DynamoBackend, TorchDynamoPlugin
 from .logging import main_print
 from .memory import release_memory
 from .preparation import Preparer
@@ -56,7 +57,9 @@ __all__ = ["Accelerator"]
 class Accelerator(CheckpointingMixin):
     """Run one training loop on CPU, CUDA or XLA, in one process or many.
 
-    Arguments and properties follow Hugging Face Accelerate's names. Settings resolve as:
+    Arguments and properties follow Hugging Face Accelerate's names; ``dynamo_backend`` (e.g.
+    ``"inductor"``) or ``dynamo_plugin=TorchDynamoPlugin(...)`` makes ``prepare()`` compile
+    models with ``torch.compile``. Settings resolve as:
     constructor argument > ``ACCEL_*`` variables (from ``accel launch``) > default; see
     :mod:`accel.connector`. The object itself only delegates: to the runtime built by
     ``connect`` (communicator, precision, strategy), to the run state (what was prepared), and
@@ -80,6 +83,8 @@ class Accelerator(CheckpointingMixin):
         kwargs_handlers: list[KwargsHandler] | None = None,
         timeout: float | timedelta | None = None,
         sync_batchnorm: bool = False,
+        dynamo_backend: DynamoBackend | str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
         **unsupported: Any,
     ) -> None:
         opts, rt = connect(Arguments(
@@ -90,14 +95,12 @@ class Accelerator(CheckpointingMixin):
             gradient_accumulation_plugin=gradient_accumulation_plugin,
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             kwargs_handlers=kwargs_handlers, timeout=timeout, sync_batchnorm=sync_batchnorm,
-            unsupported=unsupported))
+            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, unsupported=unsupported))
         self._options, self._rt = opts, rt
         self._run = RunState(AccumulationState.from_plugin(opts.accumulation))
-        self._state = bind_accelerator_state(rt)
+        self._state = bind_accelerator_state(rt, opts.dynamo_plugin)
         self._gradient_state = bind_gradient_state(self._run)
-        self._prep = Preparer(rt.comm, rt.precision, rt.strategy, self._run,
-                              opts.dataloader_config, opts.step_scheduler_with_optimizer,
-                              opts.sync_batchnorm, rt.hardware.batch_hook())
+        self._prep = Preparer.for_run(rt, opts, self._run)
         self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm)
         self._trackers = TrackerSet.pending(rt.context.is_main_process) \
             if opts.log_with is not None else TrackerSet()
@@ -246,7 +249,8 @@ class Accelerator(CheckpointingMixin):
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> nn.Module:
-        """Move ``model`` to the device, wrap it (DDP) unless ``evaluation_mode``, add autocast."""
+        """Move ``model`` to the device, wrap it (DDP) unless ``evaluation_mode``, add autocast,
+        and compile it when a dynamo backend is set (``torch.compile`` of the wrapped model)."""
         place = self.device_placement if device_placement is None else device_placement
         wrapped = self._prep.prepare_model(model, place, evaluation_mode)
         self._run.prepared_ids.add(id(wrapped))
@@ -327,13 +331,36 @@ class Accelerator(CheckpointingMixin):
         """The mixed-precision forward context (a no-op with mixed_precision='no')."""
         return self._rt.precision.forward_context(autocast_handler)
 
-    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
-        """The user's module, without DDP/compile wrappers (and autocast, if asked)."""
-        inner = self._rt.strategy.unwrap(model)
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> nn.Module:
+        """The user's module without the DDP wrapper (and autocast, if asked).
+
+        Args:
+            model: a model returned by ``prepare()``.
+            keep_fp32_wrapper: False removes the mixed-precision forward wrapper.
+            keep_torch_compile: a compiled model comes back compiled (Accelerate's default):
+                ``torch.compile(module)`` rather than ``torch.compile(DDP(module))`` (a new
+                wrapper with the same settings; the one being trained is left as it is). False
+                returns the plain module.
+
+        Example:
+            >>> import torch
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True, dynamo_backend="eager")
+            >>> net = torch.nn.Linear(2, 1)
+            >>> model = accelerator.prepare(net)
+            >>> type(model).__name__
+            'OptimizedModule'
+            >>> accelerator.unwrap_model(model, keep_torch_compile=False) is net
+            True
+        """
+        strategy = self._rt.strategy
+        inner = strategy.unwrap(model)
+        result = strategy.unwrap(model, keep_torch_compile=True) if keep_torch_compile else inner
         if not keep_fp32_wrapper:
-            for module in {id(model): model, id(inner): inner}.values():
+            for module in {id(model): model, id(inner): inner, id(result): result}.values():
                 self._rt.precision.unwrap_forward(module)
-        return inner
+        return result
 
     # -- collectives ---------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:

@@ -52,13 +52,14 @@ from .distributed import (
 )
 from .distributed.debug import consistency_check
 from .distributed.stall import CollectiveMonitor
+from .dynamo import DynamoBackend, TorchDynamoPlugin
 from .precision import Precision, make_precision
 from .rng import RNG_TYPES
 from .strategy import Strategy, select_strategy
 from .tracking import check_log_with
 
 __all__ = ["Arguments", "Handlers", "Options", "ProcessSetup", "Runtime", "UNSUPPORTED_ARGUMENTS",
-           "connect", "connect_process", "resolve_precision", "sort_handlers"]
+           "connect", "connect_process", "resolve_dynamo", "resolve_precision", "sort_handlers"]
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
 UNSUPPORTED_ARGUMENTS = {
@@ -67,8 +68,6 @@ UNSUPPORTED_ARGUMENTS = {
     "fsdp_plugin": "FSDP is not supported yet; wrap the model with torch FSDP yourself",
     "megatron_lm_plugin": "Megatron-LM is not supported",
     "torch_tp_plugin": "tensor parallelism is not supported",
-    "dynamo_backend": "call torch.compile(model) yourself before prepare()",
-    "dynamo_plugin": "call torch.compile(model) yourself before prepare()",
     "split_batches": "pass dataloader_config=DataLoaderConfiguration(split_batches=...)",
     "dispatch_batches": "accel never dispatches batches from rank 0; drop the argument",
     "even_batches": "pass dataloader_config=DataLoaderConfiguration(even_batches=...)",
@@ -97,6 +96,8 @@ class Arguments:
     kwargs_handlers: list[KwargsHandler] | None = None
     timeout: float | timedelta | None = None
     sync_batchnorm: bool = False
+    dynamo_backend: DynamoBackend | str | None = None
+    dynamo_plugin: TorchDynamoPlugin | None = None
     unsupported: dict[str, Any] = field(default_factory=dict)
 
 
@@ -124,6 +125,7 @@ class Options:
     step_scheduler_with_optimizer: bool
     sync_batchnorm: bool
     autocast: AutocastKwargs
+    dynamo_plugin: TorchDynamoPlugin
 
 
 @dataclass(frozen=True)
@@ -171,16 +173,8 @@ def connect(args: Arguments) -> tuple[Options, Runtime]:
     timeout = _resolve_timeout(args.timeout, handlers.init, settings)
     process = _start_process(settings, args.device, args.cpu, handlers.init, timeout)
     if process.context.is_main_process:
-        _warn_unapplied(settings)
+        _warn_dynamo(options.dynamo_plugin, settings)
     return options, _build_runtime(process, options, handlers)
-
-
-def _warn_unapplied(settings: env.EnvSettings) -> None:
-    """Settings ``accel launch`` passes on that the Accelerator does not apply yet: say so."""
-    if settings.dynamo_backend not in (None, "no"):
-        warnings.warn(f"ACCEL_DYNAMO_BACKEND={settings.dynamo_backend!r} (accel launch "
-                      "--dynamo_backend) is not applied: accel does not compile models yet; call "
-                      "model = torch.compile(model) yourself before prepare()", stacklevel=4)
 
 
 def connect_process(cpu: bool = False, init: InitProcessGroupKwargs | None = None
@@ -281,7 +275,43 @@ def _resolve_options(args: Arguments, settings: env.EnvSettings, handlers: Handl
         step_scheduler_with_optimizer=args.step_scheduler_with_optimizer,
         sync_batchnorm=bool(args.sync_batchnorm),
         autocast=handlers.autocast or AutocastKwargs(),
+        dynamo_plugin=resolve_dynamo(args.dynamo_backend, args.dynamo_plugin),
     )
+
+
+def resolve_dynamo(backend: DynamoBackend | str | None, plugin: TorchDynamoPlugin | None
+                   ) -> TorchDynamoPlugin:
+    """The compile settings: ``dynamo_plugin``, else ``TorchDynamoPlugin(backend=dynamo_backend)``
+    (its other fields, or all of them without either, from ``ACCEL_DYNAMO_*``).
+
+    Example:
+        >>> resolve_dynamo("inductor", None).backend
+        <DynamoBackend.INDUCTOR: 'INDUCTOR'>
+    """
+    if plugin is not None and backend is not None:
+        raise ValueError("pass either dynamo_backend or dynamo_plugin, not both; e.g. "
+                         "dynamo_plugin=TorchDynamoPlugin(backend=..., mode=...)")
+    if plugin is None:
+        return TorchDynamoPlugin(backend=backend)
+    if not isinstance(plugin, TorchDynamoPlugin):
+        raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got {type(plugin).__name__}")
+    return plugin
+
+
+def _warn_dynamo(plugin: TorchDynamoPlugin, settings: env.EnvSettings) -> None:
+    """Say when a compile setting is overridden or has no effect (once, main process)."""
+    chosen = plugin.to_dict()["backend"]
+    if settings.dynamo_backend is not None and settings.dynamo_backend != chosen:
+        _disagree("dynamo_backend", chosen, "ACCEL_DYNAMO_BACKEND", settings.dynamo_backend,
+                  depth=5)
+    unused = [name for name in plugin.to_kwargs() if name != "disable"]
+    if plugin.use_regional_compilation:
+        unused.append("use_regional_compilation")
+    if not plugin.compiles and unused:
+        warnings.warn(f"torch.compile settings {', '.join(unused)} are ignored: the dynamo backend "
+                      "is 'no', so nothing is compiled; set dynamo_backend='inductor' (or "
+                      "ACCEL_DYNAMO_BACKEND / accel launch --dynamo_backend) to compile",
+                      stacklevel=4)
 
 
 def _disagree(name: str, ctor: Any, env_name: str, env_value: Any, depth: int = 6) -> None:

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,16 @@ import torch
 from torch import nn
 
 from .config import DataLoaderConfiguration
+from .connector import Options, Runtime
 from .data import PreparedDataLoader, prepare_data_loader
 from .distributed import Communicator
+from .dynamo import (
+    TorchDynamoPlugin,
+    compile_model,
+    compiled_inner,
+    compiles_inside_wrapper,
+    has_compiled_regions,
+)
 from .precision import Precision
 from .runstate import RunState
 from .strategy import Strategy
@@ -61,6 +70,15 @@ class Preparer:
     sync_batchnorm: bool = False
     #: the device's per-batch hook for placed loaders (``Device.batch_hook()``)
     after_batch: Callable[[], None] | None = None
+    #: how models are compiled (None, or backend "no": not compiled)
+    dynamo: TorchDynamoPlugin | None = None
+
+    @classmethod
+    def for_run(cls, runtime: Runtime, options: Options, run: RunState) -> Preparer:
+        """The preparer of an Accelerator: its runtime's collaborators, its options, its run."""
+        return cls(runtime.comm, runtime.precision, runtime.strategy, run,
+                   options.dataloader_config, options.step_scheduler_with_optimizer,
+                   options.sync_batchnorm, runtime.hardware.batch_hook(), options.dynamo_plugin)
 
     @property
     def device(self) -> torch.device:
@@ -125,16 +143,43 @@ class Preparer:
 
     def prepare_model(self, model: nn.Module, place: bool = True,
                       evaluation_mode: bool = False) -> nn.Module:
-        """Move ``model`` to the device, wrap it for the strategy, add the precision's forward."""
+        """Move ``model`` to the device, wrap it for the strategy, add the precision's forward,
+        and compile the result (``TorchDynamoPlugin``), as Accelerate does: ``torch.compile``
+        of the wrapped model. Regional compilation, and a module whose forward is torch's own
+        (``nn.Sequential``: dynamo would not compile it inside DDP), compile the user's module
+        before it is wrapped instead. A model the user compiled (wholly or in part) is not
+        compiled again."""
         self.precision.check_model(model)
         strategy = self.strategy.with_placement(place and self.strategy.place)
+        dynamo = self._compiler_for(model)
+        early = dynamo is not None and (bool(dynamo.use_regional_compilation)
+                                        or not compiles_inside_wrapper(model))
+        if dynamo is not None and early:
+            model = compile_model(strategy.place_model(model), dynamo)
         if evaluation_mode:  # inference only: placed, never wrapped for training
             wrapped = strategy.place_model(model)
         else:
             wrapped = strategy.wrap_model(model, self.sync_batchnorm)
         wrapped = self.precision.wrap_forward(wrapped)
+        if dynamo is not None and not early:
+            wrapped = compile_model(wrapped, dynamo)
         self.run.models.append(wrapped)
         return wrapped
+
+    def _compiler_for(self, model: nn.Module) -> TorchDynamoPlugin | None:
+        """The compile settings for ``model``; None when nothing is to be compiled."""
+        if self.dynamo is None or not self.dynamo.compiles:
+            return None
+        if has_compiled_regions(model):
+            if self.comm.ctx.is_main_process:
+                inner = compiled_inner(model)
+                name = type(model if inner is None else inner).__name__
+                warnings.warn(f"prepare(): {name} is compiled already (torch."
+                              "compile before prepare()), so it is not compiled again with "
+                              f"dynamo backend {self.dynamo.to_dict()['backend']!r}; drop one of "
+                              "the two to silence this", stacklevel=6)
+            return None
+        return self.dynamo
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader[Any],
                             place: bool = True) -> PreparedDataLoader:

@@ -45,13 +45,14 @@ from .distributed import Communicator, ProcessContext, ProcessGroupHandle
 from .distributed.debug import consistency_check
 from .distributed.group import destroy_process_group
 from .distributed.sync import leader_first, split_for_rank
+from .dynamo import TorchDynamoPlugin
 from .runstate import RunState
 from .strategy import select_strategy
 
 __all__ = ["AcceleratorState", "GradientState", "PartialState", "bind_accelerator_state",
            "bind_gradient_state"]
 
-_PLUGINS = ("dynamo_plugin", "deepspeed_plugin", "fsdp_plugin", "torch_tp_plugin",
+_PLUGINS = ("deepspeed_plugin", "fsdp_plugin", "torch_tp_plugin",
             "megatron_lm_plugin", "parallelism_config")
 
 
@@ -291,8 +292,9 @@ class AcceleratorState(PartialState):
     ``accelerator.state`` is the one to read: it reports that Accelerator's choices. A
     standalone ``AcceleratorState(mixed_precision=...)`` describes the same process and resolves
     ``mixed_precision`` as ``Accelerator`` does (argument > ``ACCEL_MIXED_PRECISION`` > "no").
-    accel has no DeepSpeed, FSDP, Megatron-LM, dynamo or tensor-parallel plugins: those
-    attributes are None and passing one raises.
+    ``dynamo_plugin`` is the ``TorchDynamoPlugin`` the Accelerator compiles models with (a
+    standalone state keeps the one it is given, else None). accel has no DeepSpeed, FSDP,
+    Megatron-LM or tensor-parallel plugins: those attributes are None and passing one raises.
 
     Example:
         >>> state = AcceleratorState(mixed_precision="bf16", cpu=True)
@@ -301,9 +303,14 @@ class AcceleratorState(PartialState):
     """
 
     _mixed_precision: str
+    dynamo_plugin: TorchDynamoPlugin | None = None
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False,
-                 **kwargs: Any) -> None:
+                 dynamo_plugin: TorchDynamoPlugin | None = None, **kwargs: Any) -> None:
+        if dynamo_plugin is not None and not isinstance(dynamo_plugin, TorchDynamoPlugin):
+            raise TypeError("AcceleratorState(dynamo_plugin=...) must be a TorchDynamoPlugin, got "
+                            f"{type(dynamo_plugin).__name__}")
+        self.dynamo_plugin = dynamo_plugin
         for name in _PLUGINS:
             if kwargs.pop(name, None) is not None:
                 hint = UNSUPPORTED_ARGUMENTS.get(name, "accel has no such plugin")
@@ -320,7 +327,6 @@ class AcceleratorState(PartialState):
         return self._mixed_precision
 
     # Accelerate's plugin attributes; accel implements none of these integrations.
-    dynamo_plugin: None = None
     deepspeed_plugin: None = None
     deepspeed_plugins: None = None
     fsdp_plugin: None = None
@@ -331,12 +337,15 @@ class AcceleratorState(PartialState):
     is_fsdp2: bool = False
 
 
-def bind_accelerator_state(runtime: Runtime) -> AcceleratorState:
+def bind_accelerator_state(runtime: Runtime, dynamo_plugin: TorchDynamoPlugin | None = None
+                           ) -> AcceleratorState:
     """The ``AcceleratorState`` view of an ``Accelerator``'s runtime (``accelerator.state``).
 
-    It shares the runtime's communicator (with its stall monitor), group and strategy.
+    It shares the runtime's communicator (with its stall monitor), group and strategy, and
+    reports the Accelerator's compile settings (``dynamo_plugin``).
     """
     state = AcceleratorState.__new__(AcceleratorState)
+    state.dynamo_plugin = dynamo_plugin
     state._process = _Process(runtime.context, runtime.group, runtime.comm,
                               runtime.strategy.distributed_type)
     state._mixed_precision = runtime.precision.mode.value

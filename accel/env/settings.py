@@ -49,11 +49,12 @@ class EnvSettings:
     launched: bool = False
     num_threads: int | None = None
     #: ``torch.compile`` settings, Accelerate's ``dynamo_*`` names (``accel launch
-    #: --dynamo_backend ...``); read here, not yet applied by ``Accelerator``.
+    #: --dynamo_backend ...``): the defaults of ``TorchDynamoPlugin`` fields left unset.
     dynamo_backend: str | None = None
     dynamo_mode: str | None = None
     dynamo_use_fullgraph: bool = False
-    dynamo_use_dynamic: bool = False
+    #: None (unset): torch.compile's own default (``dynamic=None``, dynamic after a recompile)
+    dynamo_use_dynamic: bool | None = None
     dynamo_use_regional_compilation: bool = False
 
 
@@ -88,6 +89,13 @@ def _switch(environ: Mapping[str, str], name: str) -> bool:
         return parse_bool(environ.get(name, ""), name, empty=False)
     except ValueError as exc:
         raise LaunchEnvironmentError(f"{exc}; unset it or fix the launcher") from None
+
+
+def _maybe_switch(environ: Mapping[str, str], name: str) -> bool | None:
+    """A validated boolean, or None when unset or empty (the consumer's own default applies)."""
+    if environ.get(name, "").strip() == "":
+        return None
+    return _switch(environ, name)
 
 
 def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str], str], str | None]:
@@ -145,8 +153,8 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                   "Accelerator())", "num_threads", _positive, "num_cpu_threads_per_process",
                   ("OMP_NUM_THREADS",)),
     AccelVariable("ACCEL_DYNAMO_BACKEND", "torch.compile backend, Accelerate's names lower-cased "
-                  "(no, eager, aot_eager, inductor, cudagraphs, ...); not yet applied by "
-                  "Accelerator()", "dynamo_backend",
+                  "(no, eager, aot_eager, inductor, cudagraphs, ...); Accelerator() compiles "
+                  "prepared models with it", "dynamo_backend",
                   _choice(DYNAMO_BACKENDS, "a dynamo backend"), "dynamo_backend"),
     AccelVariable("ACCEL_DYNAMO_MODE", "torch.compile mode: default, reduce-overhead, "
                   "max-autotune or max-autotune-no-cudagraphs", "dynamo_mode",
@@ -155,7 +163,8 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                   "(torch.compile fullgraph=True)", "dynamo_use_fullgraph", _switch,
                   "dynamo_use_fullgraph"),
     AccelVariable("ACCEL_DYNAMO_USE_DYNAMIC", "1 to trace dynamic shapes (torch.compile "
-                  "dynamic=True)", "dynamo_use_dynamic", _switch, "dynamo_use_dynamic"),
+                  "dynamic=True; 0: dynamic=False; unset: torch's default)", "dynamo_use_dynamic",
+                  _maybe_switch, "dynamo_use_dynamic"),
     AccelVariable("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", "1 to compile repeated blocks "
                   "once each (regional compilation)", "dynamo_use_regional_compilation",
                   _switch, "dynamo_use_regional_compilation"),
@@ -191,14 +200,16 @@ def read_settings(environ: Mapping[str, str] | None = None) -> EnvSettings:
 def settings_environment(settings: EnvSettings) -> dict[str, str]:
     """The ``ACCEL_*`` variables that make ``read_settings`` return ``settings``.
 
-    Unset fields (None, False) are left out; True is written as ``1``.
+    Fields at their default (None, or False where that is the default) are left out; True is
+    written as ``1``, a False that is not the default (``dynamo_use_dynamic``) as ``0``.
     """
+    defaults = EnvSettings()
     out: dict[str, str] = {}
     for var in ACCEL_TABLE:
         value = getattr(settings, var.field) if var.field else None
-        if value is None or value is False:
+        if value is None or (var.field and value == getattr(defaults, var.field)):
             continue
-        out[var.name] = "1" if value is True else str(value)
+        out[var.name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
     return out
 
 

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
@@ -27,8 +28,9 @@ from torch import nn
 
 from ..config import DistributedDataParallelKwargs, DistributedType
 from ..distributed import ProcessContext
+from ..dynamo import compiled_inner, rewrap_compiled
 
-__all__ = ["Strategy", "strip_parallel", "unwrap_module"]
+__all__ = ["Strategy", "strip_compile", "strip_parallel", "unwrap_module"]
 
 
 def strip_parallel(model: nn.Module) -> nn.Module:
@@ -38,15 +40,35 @@ def strip_parallel(model: nn.Module) -> nn.Module:
     return model
 
 
-def unwrap_module(model: nn.Module) -> nn.Module:
-    """Strip DDP / torch.compile wrappers and return the user's module."""
-    seen = set()
+def strip_compile(model: nn.Module) -> nn.Module:
+    """Strip the ``torch.compile`` wrappers around ``model`` (``compile(DDP(m))`` gives the DDP)."""
+    while (inner := compiled_inner(model)) is not None:
+        model = inner
+    return model
+
+
+def unwrap_module(model: nn.Module, keep_torch_compile: bool = False) -> nn.Module:
+    """Strip DDP / torch.compile wrappers and return the user's module.
+
+    With ``keep_torch_compile`` a compiled model comes back compiled: the compile wrapper
+    around the user's module, or, for ``torch.compile(DDP(module))``, a new one with the same
+    settings around ``module`` (the trained wrapper is never changed).
+    """
+    seen, compiled = set(), None
     while id(model) not in seen:
         seen.add(id(model))
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
+        elif (inner := compiled_inner(model)) is not None:
+            compiled, model = model, inner
+    if keep_torch_compile and compiled is not None:
+        kept = rewrap_compiled(compiled, model)
+        if kept is not None:
+            return kept
+        warnings.warn(f"unwrap_model(keep_torch_compile=True): the regions compiled around "
+                      f"{type(compiled_inner(compiled)).__name__} cannot be kept around the "
+                      "module inside it; returning the plain module. Compile the regions of "
+                      "the module itself (accel's prepare() does)", stacklevel=3)
     return model
 
 
@@ -95,9 +117,10 @@ class Strategy(ABC):
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return self.place_model(model)
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside whatever ``wrap_model`` (or torch.compile) put around it."""
-        return unwrap_module(model)
+    def unwrap(self, model: nn.Module, keep_torch_compile: bool = False) -> nn.Module:
+        """The user's module inside whatever ``wrap_model`` (or torch.compile) put around it;
+        still compiled with ``keep_torch_compile`` (see :func:`unwrap_module`)."""
+        return unwrap_module(model, keep_torch_compile)
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Refuse an optimizer whose parameters are not where the model's are (the fix named)."""

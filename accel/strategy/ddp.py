@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..config import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
-from .base import Strategy
+from .base import Strategy, strip_compile
 
 __all__ = ["DDPStrategy"]
 
@@ -35,12 +35,15 @@ class DDPStrategy(Strategy):
         _register_comm_hook(wrapped, self.ddp_kwargs)
         return wrapped
 
+    # A model that prepare() compiled is torch.compile(DDP(model)): the DDP is inside it.
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        model = strip_compile(model)
         if isinstance(model, _DDP):
             return model.no_sync()
         return contextlib.nullcontext()
 
     def trigger_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        model = strip_compile(model)
         if not isinstance(model, _DDP):
             return contextlib.nullcontext()
         return _forced_sync(model)
@@ -48,7 +51,8 @@ class DDPStrategy(Strategy):
     def join(self, joinables: Iterable[Any]) -> contextlib.AbstractContextManager[Any]:
         from torch.distributed.algorithms.join import Join, Joinable
 
-        ddp: list[Joinable] = [j for j in joinables if isinstance(j, _DDP)]
+        inner = (strip_compile(j) if isinstance(j, nn.Module) else j for j in joinables)
+        ddp: list[Joinable] = [j for j in inner if isinstance(j, _DDP)]
         if not self.ctx.is_distributed or not ddp:
             return contextlib.nullcontext()
         return Join(ddp)

@@ -28,12 +28,14 @@ from .dataclasses import (
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     DistributedType,
+    DynamoBackend,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     LoggerType,
     PrecisionType,
     ProjectConfiguration,
+    TorchDynamoPlugin,
 )
 from .imports import (
     is_4bit_bnb_available,
@@ -107,7 +109,9 @@ from .operations import (
     wait_for_everyone,
 )
 from .other import (
+    compile_regions,
     extract_model_from_parallel,
+    has_compiled_regions,
     is_compiled_module,
     patch_environment,
     write_basic_config,
@@ -121,10 +125,11 @@ from .random import (
 __all__ = [
     "dataclasses", "imports", "operations", "other", "random", "AutocastKwargs",
     "DDPCommunicationHookType", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
-    "DistributedOperationException", "DistributedType", "GradScalerKwargs",
+    "DistributedOperationException", "DistributedType", "DynamoBackend", "GradScalerKwargs",
     "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
-    "ProjectConfiguration", "broadcast", "broadcast_object_list", "copy_tensor_to_devices",
-    "extract_model_from_parallel", "find_executable_batch_size", "gather", "gather_object",
+    "ProjectConfiguration", "TorchDynamoPlugin", "broadcast", "broadcast_object_list",
+    "compile_regions", "copy_tensor_to_devices", "extract_model_from_parallel",
+    "find_executable_batch_size", "gather", "gather_object", "has_compiled_regions",
     "is_4bit_bnb_available", "is_8bit_bnb_available", "is_aim_available", "is_amdsmi_available",
     "is_bf16_available", "is_bitsandbytes_multi_backend_available", "is_bnb_available",
     "is_boto3_available", "is_clearml_available", "is_comet_ml_available", "is_compiled_module",

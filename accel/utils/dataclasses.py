@@ -20,8 +20,9 @@ from ..config import (
     PrecisionType,
     ProjectConfiguration,
 )
+from ..dynamo import DynamoBackend, TorchDynamoPlugin
 
 __all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
            "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
            "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
-           "ProjectConfiguration"]
+           "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin"]

@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from torch import nn
 
 from .. import env
 from ..config import parse_mixed_precision
 from ..device import DEVICE_KINDS
+from ..dynamo import compile_regions, has_compiled_regions, is_compiled_module
 from ..precision import remove_forward_wrapper
-from ..strategy import strip_parallel
+from ..strategy import unwrap_module
 
-__all__ = ["extract_model_from_parallel", "is_compiled_module", "patch_environment",
-           "write_basic_config"]
+__all__ = ["compile_regions", "extract_model_from_parallel", "has_compiled_regions",
+           "is_compiled_module", "patch_environment", "write_basic_config"]
 
 
 @contextlib.contextmanager
@@ -46,24 +46,6 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
         yield
 
 
-def is_compiled_module(module: Any) -> bool:
-    """True when ``module`` is what ``torch.compile(model)`` returned.
-
-    Example:
-        >>> is_compiled_module(nn.Linear(1, 1))
-        False
-    """
-    if "torch._dynamo" not in sys.modules:  # nothing can be compiled before dynamo is imported
-        return False
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return isinstance(module, OptimizedModule)
-
-
-def _compiled_inner(module: nn.Module) -> nn.Module:
-    return cast(nn.Module, module._orig_mod)  # the module that torch.compile wrapped
-
-
 def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True,
                                 keep_torch_compile: bool = True) -> nn.Module:
     """The user's model inside the DDP (and, unless kept, ``torch.compile``) wrappers.
@@ -71,26 +53,17 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     Args:
         model: a model returned by ``prepare()``, possibly compiled.
         keep_fp32_wrapper: False also removes the mixed-precision forward wrapper.
-        keep_torch_compile: keep the compile wrapper (when it wraps the user's model directly).
+        keep_torch_compile: a compiled model comes back compiled: ``torch.compile(module)``
+            rather than ``torch.compile(DDP(module))`` (then a new wrapper with the same
+            settings; the one being trained is left as it is).
 
     Example:
         >>> net = nn.Linear(1, 1)
         >>> extract_model_from_parallel(net) is net
         True
     """
-    compiled = model if is_compiled_module(model) else None
-    inner = strip_parallel(_compiled_inner(model) if compiled is not None else model)
-    if is_compiled_module(inner):  # DDP(compile(m)): the wrapper sits inside
-        compiled, inner = inner, _compiled_inner(inner)
-    result = inner
-    if compiled is not None and keep_torch_compile:
-        if _compiled_inner(compiled) is inner:
-            result = compiled
-        else:
-            warnings.warn("extract_model_from_parallel: torch.compile was applied over the DDP "
-                          "wrapper, so the compiled module cannot be kept without re-pointing "
-                          "the one you train with; returning the plain model. Compile before "
-                          "prepare() to keep it", stacklevel=2)
+    inner = unwrap_module(model)
+    result = unwrap_module(model, keep_torch_compile=True) if keep_torch_compile else inner
     if not keep_fp32_wrapper:
         for module in {id(result): result, id(inner): inner}.values():
             remove_forward_wrapper(module)

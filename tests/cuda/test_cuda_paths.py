@@ -122,3 +122,45 @@ def test_notebook_launcher_refuses_after_cuda_init() -> None:
                           timeout=120, cwd=ROOT)
     assert "REFUSED:" in proc.stdout and "CUDA is already initialised" in proc.stdout, \
         proc.stdout + proc.stderr
+
+
+def test_inductor_compile_on_cuda_with_bf16(tmp_path: Path) -> None:
+    """torch.compile (inductor, Triton kernels) of a prepared model on the GPU, under bf16
+    autocast: trains like eager and checkpoints with the user's parameter names."""
+    from safetensors import safe_open
+
+    from accel import Accelerator
+    from accel.utils import is_compiled_module
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    acc = Accelerator(mixed_precision="bf16", dynamo_backend="inductor",
+                      project_dir=str(tmp_path))
+    eager_acc = Accelerator(mixed_precision="bf16")
+    torch.manual_seed(0)
+    net, twin = Net(), Net()
+    twin.load_state_dict(net.state_dict())
+    model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    ref, ref_opt = eager_acc.prepare(twin, torch.optim.SGD(twin.parameters(), lr=0.1))
+    assert is_compiled_module(model) and acc.device.type == "cuda"
+    x = torch.randn(32, 64, device=acc.device)
+    y = torch.randn(32, 1, device=acc.device)
+    for _ in range(5):
+        loss = nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        expected = nn.functional.mse_loss(ref(x), y)
+        eager_acc.backward(expected)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert loss.item() == pytest.approx(expected.item(), rel=2e-2)  # bf16 rounding
+    folder = Path(acc.save_state())
+    with safe_open(str(folder / "model_0.safetensors"), "pt") as handle:
+        assert sorted(handle.keys()) == sorted(Net().state_dict())

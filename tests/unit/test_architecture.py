@@ -5,7 +5,7 @@ Layer map (a module imports only from its own layer or below; no import cycles):
     L0    _optional  config  _tree  _parse  _version          stdlib + torch only
     L1    env/  device/  logging                               launcher detection, ACCEL_* settings
     L2    distributed/                                         process group, collectives
-    L3    precision/  strategy/  data/  rng  accumulation  progress  tracking*  memory
+    L3    precision/  strategy/  data/  rng  accumulation  progress  tracking*  memory  dynamo
     L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,protocol}
     L5    accelerator (+ checkpointing, its checkpoint methods)  utils  state
     L6    horovod/  ps/  big_modeling/                         other front doors onto L2-L4
@@ -79,6 +79,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/tracking_base.py", "L3"),  # GeneralTracker, shared by tracking and its services
     ("accel/tracking_services.py", "L3"),  # wandb/mlflow/comet_ml/aim, listed by tracking
     ("accel/memory.py", "L3"),
+    ("accel/dynamo.py", "L3"),  # torch.compile settings (TorchDynamoPlugin) and compiling
     ("accel/connector.py", "L4"),
     ("accel/runstate.py", "L4"),
     ("accel/wrappers.py", "L4"),

@@ -160,12 +160,16 @@ def test_autocast_forward_survives_deepcopy_and_pickle() -> None:
     assert (clone.process_index, clone.mixed_precision, clone._run.models) == (0, "bf16", [])
 
 
-def test_dynamo_settings_from_accel_launch_are_not_silently_ignored(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ACCEL_DYNAMO_BACKEND", "inductor")
-    with pytest.warns(UserWarning, match="ACCEL_DYNAMO_BACKEND='inductor'.*torch.compile"):
-        Accelerator(cpu=True)
+def test_dynamo_settings_from_accel_launch_are_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.utils import is_compiled_module
+
+    monkeypatch.setenv("ACCEL_DYNAMO_BACKEND", "eager")  # accel launch --dynamo_backend eager
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # applied, so nothing to warn about
+        accelerator = Accelerator(cpu=True)
+    assert is_compiled_module(accelerator.prepare(nn.Linear(2, 1)))
     monkeypatch.setenv("ACCEL_DYNAMO_BACKEND", "no")
+    net = nn.Linear(2, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Accelerator(cpu=True)
+        assert Accelerator(cpu=True).prepare(net) is net

@@ -103,7 +103,9 @@ def test_accelerator_state_is_a_view_of_its_runtime() -> None:
     assert state._process.comm is accelerator._rt.comm  # one communicator (and stall monitor)
     assert (state.process_index, state.num_processes, state.device) == \
         (accelerator.process_index, accelerator.num_processes, accelerator.device)
-    for name in ("dynamo_plugin", "deepspeed_plugin", "deepspeed_plugins", "fsdp_plugin",
+    assert state.dynamo_plugin is accelerator.state.dynamo_plugin
+    assert state.dynamo_plugin.backend == "NO"  # TorchDynamoPlugin(): nothing compiled
+    for name in ("deepspeed_plugin", "deepspeed_plugins", "fsdp_plugin",
                  "megatron_lm_plugin", "torch_tp_plugin", "parallelism_config", "device_mesh"):
         assert getattr(state, name) is None, name
     assert state.is_fsdp2 is False
