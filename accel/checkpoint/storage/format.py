@@ -294,6 +294,7 @@ class CheckpointWriter:
         """Queue ``<stem>.json`` (+ ``<stem>.safetensors``); see :func:`write_state`."""
         tensors, doc = _state_doc(stem, state)
         if tensors:
+            _st.plan(tensors)  # a tensor safetensors cannot hold fails here, not in a thread
             self._submit(doc["tensors"], write_tensors, tensors, None)
         self._submit(f"{stem}.json", _write_bytes, _json_bytes(doc))
 
