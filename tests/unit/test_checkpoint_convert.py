@@ -125,21 +125,24 @@ def test_malicious_pickles_are_reported_by_name_and_never_run(tmp_path: Path) ->
     assert not marker.exists()
 
 
-def test_ranks_devices_and_wrapper_prefixes(tmp_path: Path) -> None:
+def test_ranks_devices_and_the_compile_prefix(tmp_path: Path) -> None:
     acc = tmp_path / "acc"
     acc.mkdir()
     cuda = [torch.full((16,), 7, dtype=torch.uint8), torch.full((16,), 9, dtype=torch.uint8)]
     saved = [_rng_file(acc / f"random_states_{rank}.pkl", rank, torch_cuda_manual_seed=cuda,
                        xm_seed=2**64 - 5, torch_xpu_manual_seed=[torch.zeros(2)])
              for rank in (0, 1)]
-    weights = {"module._orig_mod.0.weight": torch.ones(2, 2),
-               "module._orig_mod.0.bias": torch.zeros(2)}
-    torch.save(weights, acc / "pytorch_model.bin")  # DDP around a compiled model, 2 processes
+    # a model compiled before prepare(); "module." is the user's own submodule (Accelerate
+    # saves the model it was given, never its DDP wrapper)
+    weights = {"_orig_mod.module.weight": torch.ones(2, 2),
+               "_orig_mod.module.bias": torch.zeros(2)}
+    torch.save(weights, acc / "pytorch_model.bin")
     report = convert_accelerate_checkpoint(acc, tmp_path / "out")
     assert report.world_size == read_manifest(tmp_path / "out").world_size == 2
     got = _results(report)
-    assert "removed the wrapper prefix module., _orig_mod." in got["pytorch_model.bin"][2]
-    assert set(load_tensors(tmp_path / "out", "model_0.safetensors")) == {"0.weight", "0.bias"}
+    assert "removed torch.compile's prefix _orig_mod." in got["pytorch_model.bin"][2]
+    assert set(load_tensors(tmp_path / "out", "model_0.safetensors")) == {"module.weight",
+                                                                          "module.bias"}
     for rank in (0, 1):
         state = read_state(tmp_path / "out", f"rank_{rank}/rng")
         assert torch.equal(state["torch"], saved[rank]["torch_manual_seed"])
@@ -151,17 +154,14 @@ def test_ranks_devices_and_wrapper_prefixes(tmp_path: Path) -> None:
             got[f"random_states_{rank}.pkl"][2]
     # one process resumes it as from accel's own 2-process checkpoints: rank 0's RNG
     accelerator = Accelerator(cpu=True)
-    accelerator.prepare(nn.Sequential(nn.Linear(2, 2)))
+    wrapper = nn.Module()
+    wrapper.module = nn.Linear(2, 2)
+    accelerator.prepare(wrapper)
     torch.manual_seed(123)
     with pytest.warns(UserWarning, match=r"written by 2 process\(es\), this job has 1"):
         accelerator.load_state(str(tmp_path / "out"))
     assert torch.equal(torch.get_rng_state(), saved[0]["torch_manual_seed"])
-    # one process: "module." is a user's submodule name, not DDP's; it is kept
-    single = tmp_path / "single"
-    single.mkdir()
-    torch.save({"module.weight": torch.ones(1)}, single / "pytorch_model.bin")
-    convert_accelerate_checkpoint(single, tmp_path / "single_out")
-    assert set(load_tensors(tmp_path / "single_out", "model_0.safetensors")) == {"module.weight"}
+    assert torch.equal(wrapper.module.weight.detach(), torch.ones(2, 2))
 
 
 def test_loaders_unknown_files_and_missing_ranks_are_reported(tmp_path: Path) -> None:

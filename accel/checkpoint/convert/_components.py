@@ -27,10 +27,11 @@ from .report import CONVERTED, FileResult
 
 __all__ = ["Facts", "NotConvertible", "convert_entry"]
 
-#: Wrapper prefixes of model state-dict keys: torch.compile's, and DDP's (saved unwrapped by
-#: Accelerate only when several processes ran; accel stores the user's module's own names).
+#: torch.compile's prefix of model state-dict keys: Accelerate saves the model as passed to
+#: prepare() (before its own DDP wrapping), so a model compiled before prepare() is saved with
+#: it; accel stores the user's module's own names. "module." is left alone: Accelerate never
+#: saves DDP's wrapper, and a user's top-level submodule may well be called "module".
 _COMPILE_PREFIX = "_orig_mod."
-_DDP_PREFIX = "module."
 #: random_states keys accel carries over (device states of other kinds are dropped, named).
 _RNG_KNOWN = {"step", "random_state", "numpy_random_seed", "torch_manual_seed",
               "torch_cuda_manual_seed", "xm_seed"}
@@ -64,19 +65,11 @@ def _mapping(value: Any, what: str, keys: tuple[str, ...] = ()) -> dict[Any, Any
     return dict(value)
 
 
-def _strip_wrappers(tensors: dict[str, torch.Tensor], world_size: int
-                    ) -> tuple[dict[str, torch.Tensor], list[str]]:
-    prefixes = [_COMPILE_PREFIX] + ([_DDP_PREFIX] if world_size > 1 else [])
-    removed: list[str] = []
-    found = True
-    while found and tensors:
-        found = False
-        for prefix in prefixes:
-            if all(key.startswith(prefix) for key in tensors):
-                tensors = {key[len(prefix):]: value for key, value in tensors.items()}
-                removed.append(prefix)
-                found = True
-    return tensors, removed
+def _strip_compile_prefix(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
+                                                                        bool]:
+    if not tensors or not all(key.startswith(_COMPILE_PREFIX) for key in tensors):
+        return tensors, False
+    return {key[len(_COMPILE_PREFIX):]: value for key, value in tensors.items()}, True
 
 
 def _model(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
@@ -92,10 +85,10 @@ def _model(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> 
         if bad:
             raise NotConvertible(f"entries {bad[:5]} are not str -> tensor; expected a model "
                                  "state dict")
-    tensors, removed = _strip_wrappers(tensors, facts.world_size)
+    tensors, stripped = _strip_compile_prefix(tensors)
     rel = f"model_{entry.index}.safetensors"
     writer.write_tensors(rel, tensors)
-    note = f"; removed the wrapper prefix {', '.join(removed)}" if removed else ""
+    note = f"; removed torch.compile's prefix {_COMPILE_PREFIX}" if stripped else ""
     return FileResult(entry.name, CONVERTED, rel, f"{len(tensors)} tensors{note}")
 
 

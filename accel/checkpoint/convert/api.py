@@ -6,8 +6,8 @@ atomic rename), so ``accelerator.load_state(output)`` loads it like one of its o
 
 Mapping (Accelerate -> accel):
 
-- ``model[_i].safetensors`` / ``pytorch_model[_i].bin`` -> ``model_<i>.safetensors`` (the
-  ``module.`` prefix of a multi-process DDP save and torch.compile's ``_orig_mod.`` removed);
+- ``model[_i].safetensors`` / ``pytorch_model[_i].bin`` -> ``model_<i>.safetensors``
+  (torch.compile's ``_orig_mod.`` key prefix removed, for a model compiled before prepare());
 - ``optimizer[_i].bin`` -> ``optimizer_<i>``; ``scheduler[_i].bin`` -> ``scheduler_<i>``;
   ``scaler.pt`` -> ``scaler``; ``custom_checkpoint_<i>.pkl`` -> ``custom_<i>``;
 - ``random_states_<rank>.pkl`` -> ``rank_<rank>/rng`` (python, numpy, torch, and the CUDA or
