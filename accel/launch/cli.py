@@ -165,7 +165,7 @@ def _add_convert_parser(sub: Any) -> None:
         "an accel checkpoint that accelerator.load_state(OUT_DIR) loads. Pickled files are "
         "read with torch.load(weights_only=True) only; a file that needs a full unpickler is "
         "listed with what it needs and skipped, never loaded. Exit status: 0 converted, 1 "
-        "refused (--strict), 2 usage error.")
+        "refused (--strict) or not written, 2 usage error.")
     convert.add_argument("source", metavar="ACCELERATE_DIR", help="the save_state directory")
     convert.add_argument("output", metavar="OUT_DIR", help="the accel checkpoint to write")
     convert.add_argument("--strict", action="store_true", help="refuse (write nothing) if any "

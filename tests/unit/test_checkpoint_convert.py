@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from accel import Accelerator
 from accel.checkpoint import (
     CheckpointError,
+    CheckpointWriter,
     ConversionRefused,
     convert_accelerate_checkpoint,
     load_tensors,
@@ -236,8 +237,8 @@ def test_registered_state_is_carried_when_it_is_plain_and_named_when_not(tmp_pat
     assert torch.equal(state["history"], torch.arange(3.0))
 
 
-def test_command_exit_codes_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                       ) -> None:
+def test_command_exit_codes_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     acc, out = tmp_path / "acc", tmp_path / "out"
     acc.mkdir()
 
@@ -259,6 +260,24 @@ def test_command_exit_codes_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert run(str(acc), str(out), "--overwrite")[0] == 0
     code, _, err = run(str(acc), str(acc / "inside"))
     assert code == 2 and "must be outside" in err
+    (tmp_path / "file").write_text("")
+    code, _, err = run(str(acc), str(tmp_path / "file"), "--overwrite")
+    assert code == 2 and "is not a directory" in err
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(CheckpointWriter, "finalize", full_disk)
+        code, _, err = run(str(acc), str(tmp_path / "full"))
+    assert code == 1 and "No space left on device" in err and "nothing was written" in err
+    assert not (tmp_path / "full").exists() and not list(tmp_path.glob(".tmp-*"))
+    torch.save({"state": {0: {"step": torch.ones(2)}}, "param_groups": []}, acc / "optimizer.bin")
+    code, stdout, _ = run(str(acc), str(tmp_path / "odd"))  # loads, but is not Accelerate's
+    assert code == 0 and "optimizer.bin skipped - cannot be converted: ValueError" in \
+        " ".join(stdout.split()), stdout
+    assert not any(name.startswith("optimizer") for name in read_manifest(tmp_path / "odd").files)
+    (acc / "optimizer.bin").unlink()
     (acc / "sampler.bin").write_bytes(b"")
     code, stdout, err = run(str(acc), str(tmp_path / "strict"), "--strict", "--json")
     doc = json.loads(stdout)

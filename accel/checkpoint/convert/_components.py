@@ -3,7 +3,8 @@
 Each handler reads its file (safetensors, or ``torch.load(weights_only=True)`` through
 :mod:`._safe`), checks that it holds what Accelerate writes there, queues the accel component on
 the :class:`~accel.checkpoint.storage.CheckpointWriter` (which encodes it now and refuses what
-cannot be stored without pickle) and returns what it did. Anything that cannot be carried over
+cannot be stored without pickle) as its last step, so that a file is queued only for an entry
+reported as converted, and returns what it did. Anything that cannot be carried over
 raises :class:`NotConvertible` (or :class:`._safe.Unreadable`) with the reason.
 """
 
@@ -100,9 +101,12 @@ def _steps(state: Mapping[Any, Any]) -> int | None:
 
 def _optimizer(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
     state = _mapping(read_pickled(path), "an optimizer state dict", ("state", "param_groups"))
+    if not isinstance(state["state"], Mapping) or not isinstance(state["param_groups"], list):
+        raise NotConvertible("its 'state' is not a dict or its 'param_groups' not a list: not "
+                             "an optimizer state dict")
+    steps = _steps(state["state"])
     stem = f"optimizer_{entry.index}"
-    writer.write_state(stem, state)
-    steps = _steps(state["state"]) if isinstance(state["state"], Mapping) else None
+    writer.write_state(stem, state)  # last: a file is queued only for a converted entry
     if steps is not None:
         facts.optimizer_steps = max(facts.optimizer_steps, steps)
     return FileResult(entry.name, CONVERTED, stem,

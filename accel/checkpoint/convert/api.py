@@ -48,6 +48,8 @@ def _check_paths(source: Path, output: Path, overwrite: bool) -> None:
     if out == src or src in out.parents or out in src.parents:
         raise ValueError(f"the output {output} must be outside the Accelerate checkpoint "
                          f"{source} (and not contain it); pick a new directory")
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"{output} exists and is not a directory; pick a new directory")
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} already exists; pick a new directory, or pass "
                               "overwrite=True (--overwrite) to replace it")
@@ -72,6 +74,10 @@ def _convert_one(writer: CheckpointWriter, source: Path, entry: Entry, facts: Fa
         return FileResult(entry.name, SKIPPED, None, str(exc))
     except TypeError as exc:  # the codec: a value that cannot be stored without pickle
         return FileResult(entry.name, SKIPPED, None, str(exc))
+    except (ValueError, RuntimeError, KeyError, IndexError, AttributeError) as exc:
+        # content that loaded but is not shaped like what Accelerate writes there
+        return FileResult(entry.name, SKIPPED, None, f"cannot be converted: "
+                          f"{type(exc).__name__}: {exc}")
 
 
 def _missing_ranks(entries: list[Entry], world_size: int) -> list[FileResult]:
@@ -138,7 +144,8 @@ def convert_accelerate_checkpoint(source: str | os.PathLike[str],
     if not any(e.kind in _RECOGNISED for e in entries):
         raise ValueError(f"{source} holds no file of Accelerate's save_state (model.safetensors, "
                          "optimizer.bin, random_states_0.pkl, ...); pass the directory that "
-                         "accelerator.save_state() wrote")
+                         "accelerator.save_state() wrote (with automatic checkpoint naming, one "
+                         "of the checkpoints/checkpoint_<n> folders)")
     return _write(source, target, entries, strict)
 
 

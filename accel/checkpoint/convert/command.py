@@ -2,8 +2,9 @@
 
 The argument parsing lives in :mod:`accel.launch.cli` (so ``--help`` never imports torch); it
 calls :func:`run_command` after parsing. Exit status: 0 converted (files that could not be
-converted are listed as skipped), 1 refused (``--strict`` and something was skipped; nothing
-written), 2 a usage error (missing source, existing output, not an Accelerate checkpoint).
+converted are listed as skipped), 1 refused (``--strict`` and something was skipped) or writing
+failed (nothing written either way), 2 a usage error (missing source, existing output, not an
+Accelerate checkpoint).
 
 Example::
 
@@ -19,6 +20,7 @@ import json
 import sys
 from typing import TextIO
 
+from ..storage import CheckpointError
 from .api import convert_accelerate_checkpoint
 from .report import ConversionRefused, ConversionReport
 
@@ -58,5 +60,9 @@ def run_command(source: str, output: str, *, strict: bool = False, overwrite: bo
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except (OSError, CheckpointError) as exc:  # writing the output failed (disk, permissions)
+        print(f"{_PROG}: error: writing {output} failed: {exc}; nothing was written (fix the "
+              "cause, e.g. free space or permissions, and run it again)", file=sys.stderr)
+        return 1
     _print(report, as_json, sys.stdout)
     return 0
