@@ -1,4 +1,4 @@
-"""The ``accel`` command line: ``launch``, ``config``, ``env``, ``test``.
+"""The ``accel`` command line: ``launch``, ``config``, ``env``, ``test``, ``convert-checkpoint``.
 
 Importing this module (and ``accel --help`` / ``accel launch --help``) never imports torch; torch
 is imported only after the arguments are parsed, by the command that needs it.
@@ -153,7 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="for `default`: overwrite an existing file")
     sub.add_parser("env", help="what accel detects here (paste it into bug reports)")
     sub.add_parser("test", help="2-process CPU self-check of collectives and a DDP step")
+    _add_convert_parser(sub)
     return parser
+
+
+def _add_convert_parser(sub: Any) -> None:
+    convert = sub.add_parser(
+        "convert-checkpoint", allow_abbrev=False,
+        help="convert an Accelerate save_state directory into an accel checkpoint",
+        description="Convert a directory written by Accelerate's accelerator.save_state() into "
+        "an accel checkpoint that accelerator.load_state(OUT_DIR) loads. Pickled files are "
+        "read with torch.load(weights_only=True) only; a file that needs a full unpickler is "
+        "listed with what it needs and skipped, never loaded. Exit status: 0 converted, 1 "
+        "refused (--strict) or not written, 2 usage error.")
+    convert.add_argument("source", metavar="ACCELERATE_DIR", help="the save_state directory")
+    convert.add_argument("output", metavar="OUT_DIR", help="the accel checkpoint to write")
+    convert.add_argument("--strict", action="store_true", help="refuse (write nothing) if any "
+                         "file cannot be converted")
+    convert.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    convert.add_argument("--json", dest="as_json", action="store_true",
+                         help="print the report as JSON (for scripts)")
 
 
 def _locate_config(flag: str | None) -> tuple[ConfigFile | None, str]:
@@ -257,6 +276,13 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from .selftest import run_selftest
 
         return run_selftest()
+    if args.command == "convert-checkpoint":
+        # the one lazy use of a library layer by launch/ (tests/unit/test_architecture.py,
+        # LAUNCH_LAZY_USES): the converter needs torch and the checkpoint storage
+        from ..checkpoint.convert.command import run_command
+
+        return run_command(args.source, args.output, strict=args.strict,
+                           overwrite=args.overwrite, as_json=args.as_json)
     parser.print_help()
     return 0
 

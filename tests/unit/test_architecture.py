@@ -20,10 +20,11 @@ Rules checked here:
 - no module imports the package root ``accel`` (the version lives in ``accel._version``);
 - no import cycle among accel's modules (all imports count);
 - a few seams stricter than layers: checkpoint storage knows no collectives and no protocol;
-  the checkpoint protocol knows no preparation/precision/strategy/wrappers; env never imports
-  torch;
+  the checkpoint protocol knows no preparation/precision/strategy/wrappers; the Accelerate
+  checkpoint converter knows no collectives, protocol or launcher; env never imports torch;
 - ``accel/launch/`` imports only L0/L1 modules and itself (at any level), and never torch at
-  module level, so ``accel --help`` stays fast;
+  module level, so ``accel --help`` stays fast; the one exception is ``LAUNCH_LAZY_USES``
+  (``accel convert-checkpoint`` lazily imports its converter, L4);
 - only ``accel/env/_base.py`` touches the process environment (everything else asks accel/env);
 - no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
   outside ``device/`` and ``strategy/``;
@@ -111,6 +112,14 @@ SIDE_USERS: dict[str, tuple[str, ...]] = {
 }
 #: Layers accel/launch may import from (at any level; module level adds "never torch").
 LAUNCH_MAY_USE = {"L0", "L1", "side"}
+#: The only library modules above L1 that launch/ may use, each for the launch module named,
+#: and only lazily (inside the function that runs the command, after the arguments are parsed):
+#: ``accel convert-checkpoint`` is a command over the checkpoint storage (L4), which needs
+#: torch. The converter imports nothing from launch/ (no cycle), and being lazy the edge keeps
+#: ``accel --help`` and every other command off torch.
+LAUNCH_LAZY_USES: dict[str, tuple[str, ...]] = {
+    "accel/launch/cli.py": ("accel.checkpoint.convert.command",),
+}
 #: Seams stricter than the layers: (importer pattern, forbidden target prefixes, why).
 FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
     ("accel/checkpoint/storage/*",
@@ -121,6 +130,10 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
       "accel.accumulation", "accel.training", "accel.connector", "accel.accelerator"),
      "the checkpoint protocol depends only on a run-state snapshot and the communicator"),
     ("accel/env*", ("torch",), "env must stay importable without torch (accel --help)"),
+    ("accel/checkpoint/convert/*",
+     ("accel.distributed", "torch.distributed", "accel.checkpoint.protocol", "accel.launch"),
+     "the converter writes with the checkpoint storage in one process; it knows no collectives, "
+     "no protocol and no command line"),
 ]
 #: The only module that may read or write the process environment (through it, accel/env).
 ENV_READERS = ("accel/env/_base.py",)
@@ -320,7 +333,8 @@ def forbidden_imports(modules: Sources) -> list[str]:
     return problems
 
 
-def launch_problems(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE) -> list[str]:
+def launch_problems(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE,
+                    lazy_uses: Mapping[str, tuple[str, ...]] = LAUNCH_LAZY_USES) -> list[str]:
     problems = []
     for name, (rel, _) in modules.items():
         if layer_of(rel, table) != "side":
@@ -332,8 +346,10 @@ def launch_problems(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE
             if owner is None:
                 continue
             target_layer = layer_of(modules[owner][0], table)
-            if target_layer not in LAUNCH_MAY_USE:
-                problems.append(f"{rel}:{imp.line} imports {owner} ({target_layer})")
+            if target_layer in LAUNCH_MAY_USE or \
+                    owner in lazy_uses.get(rel, ()) and not imp.module_level:
+                continue
+            problems.append(f"{rel}:{imp.line} imports {owner} ({target_layer})")
     return problems
 
 
@@ -557,6 +573,19 @@ def test_checker_catches_stale_rows_unlayered_modules_and_launch_imports() -> No
     assert launch_problems(modules, _TABLE) == [
         "accel/launch/cli.py:1 imports torch at module level",
         "accel/launch/cli.py:4 imports accel.high (L5)"]
+
+
+def test_checker_allows_only_listed_lazy_uses_by_launch() -> None:
+    modules = _synthetic({
+        "accel/__init__.py": "", "accel/high.py": "", "accel/low.py": "",
+        "accel/launch/cli.py": "from ..high import z\ndef f():\n    from ..high import y\n",
+        "accel/launch/other.py": "def f():\n    from ..high import y\n",
+    })
+    allowed = {"accel/launch/cli.py": ("accel.high",)}
+    assert launch_problems(modules, _TABLE, allowed) == [
+        "accel/launch/cli.py:1 imports accel.high (L5)",  # module level: never allowed
+        "accel/launch/other.py:2 imports accel.high (L5)"]  # not listed for this module
+    assert len(launch_problems(modules, _TABLE, {})) == 3
 
 
 def test_checker_catches_backend_branches() -> None:

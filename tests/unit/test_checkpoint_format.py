@@ -255,6 +255,8 @@ def test_writer_rejects_bad_input_at_the_call_and_reports_worker_failures(tmp_pa
         writer.write_json("a.json", {"x": float("nan")})
     with pytest.raises(TypeError, match="expected a torch.Tensor"):
         writer.write_tensors("m.safetensors", {"w": [1.0]})
+    with pytest.raises(TypeError, match=r"dtype torch\.complex128"):  # a state's tensors too
+        writer.write_state("custom_0", {"z": torch.zeros(2, dtype=torch.complex128)})
     writer.write_json("a.json", {})
     with pytest.raises(ValueError, match="already written"):
         writer.write_json("a.json", {})

@@ -319,7 +319,7 @@ def test_help_does_not_import_torch() -> None:
     code = textwrap.dedent("""\
         import runpy, sys
         for argv in (["accel", "--help"], ["accel", "launch", "--help"], ["accel", "config",
-                     "--help"]):
+                     "--help"], ["accel", "convert-checkpoint", "--help"]):
             sys.argv = argv
             try:
                 runpy.run_module("accel", run_name="__main__", alter_sys=True)
@@ -332,6 +332,7 @@ def test_help_does_not_import_torch() -> None:
                           cwd=ROOT, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "TORCH []" in done.stdout and "--num_processes" in done.stdout
+    assert "ACCELERATE_DIR" in done.stdout and "weights_only=True" in done.stdout
 
 
 def test_default_config_is_used_only_if_present_and_said_so(tmp_path: Path,

@@ -143,6 +143,20 @@ def _load_shared(ld: _Loader, snap: RunSnapshot) -> None:
         ld.run(stem, functools.partial(ld.into, target, stem))
 
 
+def _no_loader_positions(ld: _Loader, is_main: bool) -> bool:
+    """True (and one warning) for a checkpoint that holds no loader positions: one converted
+    from Accelerate's save_state. The prepared loaders are left where they are, as Accelerate's
+    load_state leaves loaders without use_stateful_dataloader."""
+    if ld.manifest.meta.get("loader_positions", True) is not False:
+        return False
+    if is_main:  # stacklevel: this, _load_rank_state, _load_on_this_rank, load_run, facade
+        warnings.warn(f"checkpoint {ld.path} holds no data loader positions (it was converted "
+                      "from Accelerate's save_state): the prepared data loaders are not moved; "
+                      "skip the batches already seen with accelerator.skip_first_batches(), as "
+                      "under Accelerate", stacklevel=_RUN_DEPTH - 1)
+    return True
+
+
 def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                      is_main: bool) -> None:
     """This rank's RNG state and loader positions (rank 0's positions if the world changed)."""
@@ -160,7 +174,7 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                                                        snap.device))
     else:
         rng.seed_everything(rng.rank_seed(ld.manifest.step, rank), snap.device)
-    if not snap.loaders:
+    if not snap.loaders or _no_loader_positions(ld, is_main):
         return
     source = rank if saved_world == world else 0
 

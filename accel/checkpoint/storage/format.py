@@ -293,9 +293,11 @@ class CheckpointWriter:
     def write_state(self, stem: str, state: Any) -> None:
         """Queue ``<stem>.json`` (+ ``<stem>.safetensors``); see :func:`write_state`."""
         tensors, doc = _state_doc(stem, state)
+        data = _json_bytes(doc)  # everything that can fail, before anything is queued
         if tensors:
+            _st.plan(tensors)  # a tensor safetensors cannot hold fails here, not in a thread
             self._submit(doc["tensors"], write_tensors, tensors, None)
-        self._submit(f"{stem}.json", _write_bytes, _json_bytes(doc))
+        self._submit(f"{stem}.json", _write_bytes, data)
 
     def wait(self) -> dict[str, FileRecord]:
         """Wait for every queued file; return their records (raises the first failure)."""
