@@ -97,8 +97,8 @@ class Accelerator(CheckpointingMixin):
         self._gradient_state = bind_gradient_state(self._run)
         self._prep = Preparer(rt.comm, rt.precision, rt.strategy, self._run,
                               opts.dataloader_config, opts.step_scheduler_with_optimizer,
-                              opts.sync_batchnorm, rt.hardware.batch_hook())
-        self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm)
+                              opts.sync_batchnorm, rt.hardware.batch_hook(), rt.monitor.mark)
+        self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm, rt.monitor.mark)
         self._trackers = TrackerSet.pending(rt.context.is_main_process) \
             if opts.log_with is not None else TrackerSet()
         self._announce()

@@ -48,6 +48,18 @@ def _is_scheduler(obj: Any) -> bool:
         obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
+def _both(first: Callable[[], None] | None, second: Callable[[], None] | None
+          ) -> Callable[[], None] | None:
+    """One per-batch callback calling ``first`` then ``second`` (either may be None)."""
+    if first is None or second is None:
+        return first or second
+
+    def both() -> None:
+        first()
+        second()
+    return both
+
+
 @dataclass(frozen=True)
 class Preparer:
     """Prepares objects for one Accelerator and records them in ``run``."""
@@ -61,6 +73,8 @@ class Preparer:
     sync_batchnorm: bool = False
     #: the device's per-batch hook for placed loaders (``Device.batch_hook()``)
     after_batch: Callable[[], None] | None = None
+    #: called for every batch of every prepared loader (the collective monitor's progress mark)
+    progress: Callable[[], None] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -143,7 +157,7 @@ class Preparer:
             data_loader, ctx=self.comm.ctx, comm=self.comm,
             device=self.device if place else None, config=self.dataloader_config,
             tracker=self.run.data, seed=self.agreed_seed(),
-            after_batch=self.after_batch if place else None)
+            after_batch=_both(self.after_batch if place else None, self.progress))
         if loader not in self.run.dataloaders:
             self.run.dataloaders.append(loader)
         return loader
