@@ -88,7 +88,8 @@ class Attendance:
                  behind_wait: float | None = None, timeout: timedelta | None = None) -> None:
         self.monitor = monitor
         self.rank, self.world_size = monitor.rank, monitor.world_size
-        store = monitor.store
+        store = monitor.store  # where monitors publish their progress
+        self._progress = store
         self._store = dist.PrefixStore(_PREFIX, store) if store is not None else None
         self.level_wait = float(level_wait)
         self.behind_wait = float(behind_wait if behind_wait is not None else monitor.threshold)
@@ -155,7 +156,7 @@ class Attendance:
         """Why rank 0 goes on without the ``waiting`` ranks now ("" to wait on), and whether
         because a wait ran out."""
         now = time.monotonic()
-        found = read_progress(store, waiting)
+        found = read_progress(self._progress, waiting) if self._progress is not None else {}
         for rank in waiting:
             seen, peer = found.get(rank), peers[rank]
             if seen is not None and seen.beyond(here):
@@ -224,7 +225,8 @@ class Attendance:
 
     def _late(self, store: dist.Store, nonce: str, here: Progress) -> Roll | None:
         """Rank 0 already went on alone at this place (this rank came late), or went past it."""
-        zero = read_progress(store, [0]).get(0)  # read before ``at``: see the raise below
+        # read before ``at``: see the raise below
+        zero = read_progress(self._progress, [0]).get(0) if self._progress is not None else None
         key = self._at(here)
         if store.check([key]):
             number_s, phase = store.get(key).decode().split("|")
