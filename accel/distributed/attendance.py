@@ -44,7 +44,7 @@ __all__ = ["DEFAULT_LEVEL_WAIT", "Attendance", "Roll"]
 #: Seconds rank 0 waits for a rank that is level with it but neither arrives nor moves on.
 DEFAULT_LEVEL_WAIT = 10.0
 _PREFIX = "attend/"
-_POLL = (0.002, 0.05)  # first and longest sleep between two looks at the store (seconds)
+_POLL = (0.0005, 0.05)  # first and longest sleep between two looks at the store (seconds)
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,7 @@ def _save_alone(snap: RunSnapshot, roll: Roll, output_dir: str | Path | None, ro
         warnings.warn(f"save_state(): {note}{roll.reason}, so the main process saved the "
                       "checkpoint alone (without the other ranks' RNG states and loader "
                       "positions); call save_state() on every rank, or on the main process "
-                      "only", stacklevel=5)
+                      "only", stacklevel=4)
     target, token = _pick_target(output_dir, root)
     tmp = temp_dir_for(target, token)
     try:
