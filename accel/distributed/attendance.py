@@ -78,9 +78,10 @@ class Attendance:
     Args:
         monitor: this rank's collective monitor (its progress and store).
         level_wait: seconds rank 0 waits for a rank level with it that neither arrives nor
-            moves on (the only case decided by a clock).
-        behind_wait: seconds rank 0 waits for a rank behind it (default: the monitor's stall
-            threshold).
+            moves on (the one undecided case in a working job).
+        behind_wait: seconds rank 0 waits for a rank behind it, a safety net: a rank behind
+            is inside the same step, and DDP keeps ranks within one step of each other
+            (default: the monitor's stall threshold, at least ``level_wait``).
         timeout: seconds another rank waits for rank 0 to reach the operation (default: 30 min).
     """
 
@@ -92,7 +93,8 @@ class Attendance:
         self._progress = store
         self._store = dist.PrefixStore(_PREFIX, store) if store is not None else None
         self.level_wait = float(level_wait)
-        self.behind_wait = float(behind_wait if behind_wait is not None else monitor.threshold)
+        self.behind_wait = float(behind_wait if behind_wait is not None
+                                 else max(monitor.threshold, self.level_wait))
         self.timeout = timeout.total_seconds() if timeout is not None else 1800.0
         self._calls = 0  # this rank's arrivals (their nonces)
         self._taken: set[int] = set()  # operations this rank took part in or took the outcome of
