@@ -101,7 +101,7 @@ class Accelerator(CheckpointingMixin):
         self._state = bind_accelerator_state(rt, opts.dynamo_plugin)
         self._gradient_state = bind_gradient_state(self._run)
         self._prep = Preparer.for_run(rt, opts, self._run)
-        self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm)
+        self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm, rt.monitor.mark)
         self._trackers = TrackerSet.pending(rt.context.is_main_process) \
             if opts.log_with is not None else TrackerSet()
         self._announce()

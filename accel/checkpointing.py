@@ -87,13 +87,17 @@ class CheckpointingMixin:
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
                    safe_serialization: bool = True, **unsupported: Any) -> str:
-        """Save everything prepared or registered, on every rank, atomically and without pickle.
+        """Save everything prepared or registered, atomically and without pickle.
 
         Models, optimizers, schedulers, the fp16 scaler, registered objects, each rank's RNG
-        states and each prepared loader's position. Call it on every rank. Without
-        ``output_dir`` it writes ``<project_dir>/checkpoints/checkpoint_<n+1>`` and keeps at most
-        ``total_limit`` (or ``ProjectConfiguration.total_limit``) complete checkpoints, never
-        deleting the new one nor the one loaded last.
+        states and each prepared loader's position. Call it on every rank, or, as Accelerate
+        allows, on the main process only (``if accelerator.is_main_process:``, the diffusers
+        scripts): the main process then finds out, without waiting on the others, that they
+        are not coming, and writes the checkpoint alone (without the other ranks' RNG states
+        and loader positions; ``load_state`` says so once and seeds those ranks from the step).
+        Without ``output_dir`` it writes ``<project_dir>/checkpoints/checkpoint_<n+1>`` and keeps
+        at most ``total_limit`` (or ``ProjectConfiguration.total_limit``) complete checkpoints,
+        never deleting the new one nor the one loaded last.
 
         Example:
             >>> import tempfile
@@ -110,7 +114,8 @@ class CheckpointingMixin:
                           "are always safetensors + JSON (never pickle)", stacklevel=2)
         project, rt = self._options.project, self._rt
         return str(save_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
-                            output_dir, total_limit, project.project_dir, project.total_limit))
+                            output_dir, total_limit, project.project_dir, project.total_limit,
+                            rt.attendance))
 
     def load_state(self, input_dir: str | None = None, strict: bool = True,
                    missing_ok: bool = False) -> str | None:

@@ -50,6 +50,7 @@ from .distributed import (
     build_context,
     start_process_group,
 )
+from .distributed.attendance import Attendance
 from .distributed.debug import consistency_check
 from .distributed.stall import CollectiveMonitor
 from .dynamo import DynamoBackend, TorchDynamoPlugin
@@ -152,6 +153,9 @@ class Runtime:
     comm: Communicator
     precision: Precision
     strategy: Strategy
+    #: who takes part in save_state (None at world size 1, without a store, or when the
+    #: strategy's state dicts need every rank: then save_state is always collective)
+    attendance: Attendance | None = None
 
     @property
     def timeout(self) -> timedelta:
@@ -217,8 +221,10 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
     precision = make_precision(options.precision_mode, ctx.device, options.autocast,
                                handlers.scaler, process.hardware)
     strategy = select_strategy(ctx, options.device_placement, handlers.ddp)
+    attendance = Attendance(monitor, timeout=group.timeout) \
+        if ctx.is_distributed and monitor.store is not None and strategy.saves_alone else None
     return Runtime(settings, info, process.hardware, ctx, group, monitor, comm, precision,
-                   strategy)
+                   strategy, attendance)
 
 
 # -- validation ------------------------------------------------------------------------------

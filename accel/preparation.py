@@ -57,6 +57,18 @@ def _is_scheduler(obj: Any) -> bool:
         obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
+def _both(first: Callable[[], None] | None, second: Callable[[], None] | None
+          ) -> Callable[[], None] | None:
+    """One per-batch callback calling ``first`` then ``second`` (either may be None)."""
+    if first is None or second is None:
+        return first or second
+
+    def both() -> None:
+        first()
+        second()
+    return both
+
+
 @dataclass(frozen=True)
 class Preparer:
     """Prepares objects for one Accelerator and records them in ``run``."""
@@ -78,7 +90,10 @@ class Preparer:
         """The preparer of an Accelerator: its runtime's collaborators, its options, its run."""
         return cls(runtime.comm, runtime.precision, runtime.strategy, run,
                    options.dataloader_config, options.step_scheduler_with_optimizer,
-                   options.sync_batchnorm, runtime.hardware.batch_hook(), options.dynamo_plugin)
+                   options.sync_batchnorm, runtime.hardware.batch_hook(), options.dynamo_plugin,
+                   runtime.monitor.mark)
+    #: called for every batch of every prepared loader (the collective monitor's progress mark)
+    progress: Callable[[], None] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -188,7 +203,7 @@ class Preparer:
             data_loader, ctx=self.comm.ctx, comm=self.comm,
             device=self.device if place else None, config=self.dataloader_config,
             tracker=self.run.data, seed=self.agreed_seed(),
-            after_batch=self.after_batch if place else None)
+            after_batch=_both(self.after_batch if place else None, self.progress))
         if loader not in self.run.dataloaders:
             self.run.dataloaders.append(loader)
         return loader

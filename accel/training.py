@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -30,15 +30,21 @@ from .strategy import Strategy
 __all__ = ["StepController"]
 
 
+def _nothing() -> None:
+    pass
+
+
 class StepController:
     """Backward, accumulation and clipping for one Accelerator."""
 
     def __init__(self, precision: Precision, strategy: Strategy, run: RunState,
-                 comm: Communicator) -> None:
+                 comm: Communicator, progress: Callable[[], None] | None = None) -> None:
         self.precision = precision
         self.strategy = strategy
         self.run = run
         self.comm = comm
+        #: called as each backward starts and ends (the collective monitor's progress mark)
+        self.progress = progress or _nothing
 
     @contextlib.contextmanager
     def accumulate(self, models: tuple[nn.Module, ...]) -> Iterator[None]:
@@ -66,12 +72,14 @@ class StepController:
             weight = acc.loss_weight(loader.current_batch_len if loader is not None else 1)
             if weight != 1.0:
                 loss = loss * weight
+        self.progress()
         self.precision.backward(loss, **kwargs)
         if acc.sync_gradients:
             factor = self._items_factor() if use_items else acc.correction()
             if factor != 1.0:
                 self._scale_gradients(factor)
         self.strategy.after_backward()
+        self.progress()
 
     def _items_factor(self) -> float:
         # DDP averages gradients over ranks, so multiply back by the world size.

@@ -10,7 +10,11 @@ stall on stderr: which ranks arrived at which op, and where the others are. The 
 timeout then ends the job.
 
 The same sequence of "sync points" (collectives, plus ``point()`` calls) lets a signal handler
-run on every rank at the same point: see ``on_signal``.
+run on every rank at the same point: see ``on_signal``. With the count of "progress marks"
+(local events every rank passes in the same order: a batch from a prepared loader, the start
+and end of a backward; see ``mark``) it also tells where a rank is without asking it: the
+watchdog publishes both counts as the rank's :class:`Progress`, which
+:mod:`accel.distributed.attendance` compares across ranks.
 
 Example:
     >>> monitor = CollectiveMonitor(rank=0, world_size=1, store=None)
@@ -30,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
 from typing import Any, TextIO
@@ -39,10 +44,12 @@ import torch.distributed as dist
 
 from .stall_report import Position, format_stall_report
 
-__all__ = ["DEFAULT_STALL_SECONDS", "CollectiveMonitor", "call_site", "read_positions"]
+__all__ = ["DEFAULT_STALL_SECONDS", "CollectiveMonitor", "Progress", "call_site",
+           "read_positions", "read_progress"]
 
 DEFAULT_STALL_SECONDS = 60.0
 _PREFIX = "stall/"
+_PROGRESS = "progress/"
 _REQUEST = "signal/request"
 _SEEN = "signal/seen/"
 #: How long ranks wait for each other to agree on where to run a signal handler (seconds).
@@ -63,6 +70,38 @@ def call_site(frame: FrameType | None = None) -> str:
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a rank is: sync points and progress marks passed, and whether it has stopped.
+
+    Every rank passes the same points and marks in the same order, so comparing two ranks'
+    counts says which one is ahead (a rank with more of either has gone past the other's place).
+    """
+
+    points: int
+    marks: int
+    exited: bool = False  # its monitor stopped (end_training, or the interpreter exits)
+
+    def encode(self) -> str:
+        return f"{self.points}|{self.marks}|{'exit' if self.exited else 'run'}"
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Progress | None:
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        try:
+            points, marks, state = text.split("|")
+            return cls(int(points), int(marks), state == "exit")
+        except ValueError:
+            return None
+
+    def beyond(self, other: Progress) -> bool:
+        """True when this rank has gone past ``other``'s place (or stopped)."""
+        return self.exited or self.points > other.points or self.marks > other.marks
+
+    def level(self, other: Progress) -> bool:
+        return (self.points, self.marks) == (other.points, other.marks)
 
 
 class _Scope:
@@ -108,6 +147,7 @@ class CollectiveMonitor:
         self._stream = stream
         self._key = f"{_PREFIX}{rank}"
         self.points = 0  # sync points passed (collectives at depth 1 and point() calls)
+        self.marks = 0  # progress marks (see mark())
         self._depth = 0
         self._pending: tuple[int, str, str, float] | None = None
         self._last: tuple[int, str, str, float] | None = None
@@ -153,6 +193,37 @@ class CollectiveMonitor:
     def _exit(self) -> None:
         self._depth -= 1
         self._pending = None
+
+    # -- progress ------------------------------------------------------------------------------
+    def mark(self) -> None:
+        """Count a progress mark: a local event that every rank passes in the same order.
+
+        Called by accel for each batch of a prepared loader and before and after each
+        ``backward``, so that another rank can tell, from the published counts alone, whether
+        this one has gone past its own place (see :mod:`accel.distributed.attendance`). Costs
+        an increment; the watchdog thread publishes the count.
+        """
+        self.marks += 1
+        if self._thread is None and self._store is not None:
+            self._start_thread()
+
+    @property
+    def progress(self) -> Progress:
+        """This rank's sync points and progress marks so far."""
+        return Progress(self.points, self.marks)
+
+    @property
+    def store(self) -> dist.Store | None:
+        """The store this monitor publishes to (keys under ``accel/a<attempt>/``), or None."""
+        return self._store
+
+    def publish_progress(self) -> None:
+        """Publish :attr:`progress` now (from the calling thread) and keep publishing it."""
+        if self._store is None:
+            return
+        self._store.set(f"{_PROGRESS}{self.rank}", self.progress.encode())
+        if self._thread is None:
+            self._start_thread()
 
     def _publish(self, seq: int, op: str, site: str, when: float | None = None,
                  store: dist.Store | None = None) -> None:
@@ -300,6 +371,7 @@ class CollectiveMonitor:
             store = self._store
         reported = -1
         published = None
+        progress = None
         main = threading.main_thread()
         while not self._stop.wait(self._period) and main.is_alive():
             try:
@@ -307,6 +379,10 @@ class CollectiveMonitor:
                 if last is not published and last is not None:
                     self._publish(*last, store=store)
                     published = last
+                now = self.progress
+                if now != progress:
+                    store.set(f"{_PROGRESS}{self.rank}", now.encode())
+                    progress = now
                 pending = self._pending
                 if pending is not None and pending[0] != reported and \
                         time.monotonic() - pending[3] >= self.threshold:
@@ -318,6 +394,10 @@ class CollectiveMonitor:
                 if not self._stop.is_set():
                     self._say(f"monitor stopped, the c10d store is unreachable: {exc}")
                 return
+        with contextlib.suppress(RuntimeError):  # the store may be gone already
+            # this rank will not reach another sync point through this monitor
+            exited = Progress(self.points, self.marks, exited=True)
+            store.set(f"{_PROGRESS}{self.rank}", exited.encode())
 
     def _agree(self, store: dist.Store) -> None:
         if self._requested is None:
@@ -353,6 +433,19 @@ class CollectiveMonitor:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
+
+
+def read_progress(store: dist.Store, ranks: Sequence[int]) -> dict[int, Progress]:
+    """The published :class:`Progress` of ``ranks`` (a rank that published none is left out)."""
+    keys = [f"{_PROGRESS}{r}" for r in ranks]
+    if store.check(keys):
+        return {r: p for r, raw in zip(ranks, store.multi_get(keys), strict=True)
+                if (p := Progress.decode(raw)) is not None}
+    found = {}
+    for rank, key in zip(ranks, keys, strict=True):
+        if store.check([key]) and (p := Progress.decode(store.get(key))) is not None:
+            found[rank] = p
+    return found
 
 
 def read_positions(store: dist.Store, world_size: int) -> list[Position | None]:

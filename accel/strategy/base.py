@@ -83,6 +83,10 @@ class Strategy(ABC):
 
     #: short name shown in reports
     name: str = ""
+    #: the main process can save a checkpoint alone (``save_state`` under ``if
+    #: accelerator.is_main_process:``): full state dicts need no collective. A sharded
+    #: strategy (FSDP), whose state dicts are gathered from every rank, sets this to False.
+    saves_alone: bool = True
 
     def __init__(self, ctx: ProcessContext, place: bool = True,
                  ddp_kwargs: DistributedDataParallelKwargs | None = None) -> None:

@@ -182,3 +182,41 @@ def test_lenient_load_warnings_name_the_caller_of_the_facade(tmp_path: Path) -> 
         _facade_load(other, path)  # different key names: a missing/unexpected keys warning
     messages = {str(w.message).split(": ", 2)[-1][:20]: Path(w.filename).name for w in caught}
     assert len(messages) == 2 and set(messages.values()) == {Path(__file__).name}, messages
+
+
+def _facade_save(comm: Communicator, snap: RunSnapshot, path: Path, attendance: Any) -> Path:
+    """Stands for Accelerator.save_state: warnings must name the line that calls it."""
+    return save_run(comm, snap, path, None, None, None, attendance)
+
+
+def test_main_only_save_writes_alone_and_a_late_rank_takes_its_outcome(tmp_path: Path) -> None:
+    """No collective on either side (there is no process group here): rank 0 waits for rank 1,
+    level with it and silent, then saves alone; rank 1 calls after all and shares the outcome."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from accel.distributed.attendance import Attendance
+    from accel.distributed.stall import CollectiveMonitor
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30),
+                          wait_for_workers=False)
+    monitors = [CollectiveMonitor(r, 2, store, threshold=4.0) for r in (0, 1)]
+    zero, one = (Attendance(m, level_wait=0.3) for m in monitors)
+    comms = [Communicator(ProcessContext(r, r, 2, 2, 0, torch.device("cpu"), "gloo", "none"))
+             for r in (0, 1)]
+    snap = _snapshot(_Wrapper(nn.Linear(2, 2)), _InnerIO(), _Counter(5))
+    try:
+        monitors[1].publish_progress()
+        with pytest.warns(UserWarning, match="neither called it nor went on") as caught:
+            path = _facade_save(comms[0], snap, tmp_path / "ckpt", zero)
+        assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+        manifest = read_manifest(path)
+        assert manifest.world_size == 2 and manifest.meta["absent_rank_states"] == [1]
+        assert not [f for f in manifest.files if f.startswith("rank_1/")]
+        with pytest.warns(UserWarning, match="after the main process had started") as caught:
+            assert _facade_save(comms[1], snap, tmp_path / "ckpt", one) == path
+        assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+    finally:
+        for monitor in monitors:
+            monitor.close()

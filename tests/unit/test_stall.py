@@ -170,3 +170,20 @@ def test_a_second_sigint_before_any_sync_point_interrupts_at_once() -> None:
             time.sleep(0.5)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_progress_is_published_by_the_watchdog_and_ends_with_exit(store: dist.TCPStore) -> None:
+    from accel.distributed.stall import Progress, read_progress
+
+    monitor = CollectiveMonitor(rank=1, world_size=2, store=store, threshold=0.4)
+    prefixed = dist.PrefixStore("accel/a0/", store)
+    with monitor("barrier", ()):
+        pass
+    monitor.mark()
+    monitor.mark()  # a batch, a backward: counted, published by the thread (no store call here)
+    deadline = time.monotonic() + 5
+    while read_progress(prefixed, [1]).get(1) != Progress(1, 2) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert read_progress(prefixed, [1]) == {1: Progress(1, 2)}
+    monitor.close()  # end_training: this rank reaches no further sync point
+    assert read_progress(prefixed, [1, 0]) == {1: Progress(1, 2, exited=True)}

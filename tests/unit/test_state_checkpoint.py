@@ -246,3 +246,32 @@ def test_save_inside_an_accumulation_group_warns(tmp_path: Path) -> None:
         acc.save_state(str(tmp_path / "boundary"))
     with pytest.warns(UserWarning, match="total_limit=2.* is ignored"):
         acc.save_state(str(tmp_path / "boundary"), total_limit=2)
+
+
+def test_main_process_only_save_in_one_process_is_a_full_save(tmp_path: Path) -> None:
+    """``if accelerator.is_main_process: save_state()`` with one process: nothing is absent."""
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(nn.Linear(2, 2))
+    if acc.is_main_process:
+        acc.save_state(str(tmp_path / "ckpt"))
+        acc.save_model(model, str(tmp_path / "model"))
+    manifest = accel.checkpoint.read_manifest(tmp_path / "ckpt")
+    assert "absent_rank_states" not in manifest.meta and "rank_0/rng.json" in manifest.files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acc.load_state(str(tmp_path / "ckpt"))
+        acc.load_model(model, str(tmp_path / "model"))
+
+
+def test_one_warning_says_what_ranks_without_saved_states_get() -> None:
+    from accel.checkpoint.protocol.load import _rank_state_note
+
+    path = Path("ckpt")
+    assert _rank_state_note(path, 2, 2, frozenset()) is None
+    alone = _rank_state_note(path, 3, 3, frozenset({1, 2}))
+    assert alone is not None and "main process alone" in alone and "ranks [1, 2]" in alone
+    assert "seeded deterministically from the step" in alone and "rank 0's position" in alone
+    grown = _rank_state_note(path, 2, 3, frozenset({1}))
+    assert grown is not None and "written by 2 process(es)" in grown and "ranks [1]" in grown
+    shrunk = _rank_state_note(path, 2, 1, frozenset({1}))  # rank 1 is not in this job
+    assert shrunk is not None and "main process alone" not in shrunk

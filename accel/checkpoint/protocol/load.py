@@ -157,26 +157,49 @@ def _no_loader_positions(ld: _Loader, is_main: bool) -> bool:
     return True
 
 
+def _absent_ranks(manifest: Manifest) -> frozenset[int]:
+    """Ranks whose RNG states and loader positions a main-process-only save could not write."""
+    raw = manifest.meta.get("absent_rank_states", [])
+    return frozenset(r for r in raw if isinstance(r, int)) if isinstance(raw, list) else \
+        frozenset()
+
+
+def _rank_state_note(path: Path, saved_world: int, world: int, absent: frozenset[int]
+                     ) -> str | None:
+    """The one warning about ranks that get no saved RNG state (None: every rank has its own)."""
+    unsaved = sorted(r for r in absent if r < world)
+    alone = (f"it was saved by the main process alone (save_state() under `if accelerator."
+             f"is_main_process:`), so ranks {unsaved} have no saved RNG state and are seeded "
+             "deterministically from the step, and their data loaders resume from rank 0's "
+             "position") if unsaved else ""
+    if saved_world == world:
+        return f"checkpoint {path}: {alone}" if alone else None
+    change = (f"the RNG states of ranks {world}..{saved_world - 1} are dropped"
+              if world < saved_world else
+              f"ranks {saved_world}..{world - 1} are seeded deterministically from the step")
+    return (f"checkpoint {path} was written by {saved_world} process(es), this job has {world}: "
+            f"model, optimizer, scheduler and registered state are loaded; {change}; data "
+            "loader positions are converted from rank 0's" + (f"; {alone}" if alone else ""))
+
+
 def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                      is_main: bool) -> None:
-    """This rank's RNG state and loader positions (rank 0's positions if the world changed)."""
+    """This rank's RNG state and loader positions (rank 0's positions if the world changed, or
+    if this rank's were not saved)."""
     saved_world = ld.manifest.world_size
-    if saved_world != world and is_main:
-        change = (f"the RNG states of ranks {world}..{saved_world - 1} are dropped"
-                  if world < saved_world else
-                  f"ranks {saved_world}..{world - 1} are seeded deterministically from the step")
-        warnings.warn(
-            f"checkpoint {ld.path} was written by {saved_world} process(es), this job has "
-            f"{world}: model, optimizer, scheduler and registered state are loaded; {change}; "
-            "data loader positions are converted from rank 0's", stacklevel=_RUN_DEPTH - 2)
-    if rank < saved_world:  # this rank wrote RNG state: missing/corrupt is an error
+    absent = _absent_ranks(ld.manifest)
+    note = _rank_state_note(ld.path, saved_world, world, absent) if is_main else None
+    if note is not None:
+        warnings.warn(note, stacklevel=_RUN_DEPTH - 2)
+    own = rank < saved_world and rank not in absent
+    if own:  # this rank wrote RNG state: missing/corrupt is an error
         ld.run(f"rank_{rank}/rng", lambda: rng.restore(ld.state(f"rank_{rank}/rng"),
                                                        snap.device))
     else:
         rng.seed_everything(rng.rank_seed(ld.manifest.step, rank), snap.device)
     if not snap.loaders or _no_loader_positions(ld, is_main):
         return
-    source = rank if saved_world == world else 0
+    source = rank if saved_world == world and own else 0
 
     def loaders() -> None:
         states = ld.state(f"rank_{source}/loaders")

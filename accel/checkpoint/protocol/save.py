@@ -13,6 +13,15 @@ Protocol: rank 0 picks the target and a token and broadcasts them; every rank wr
 into the same temporary sibling directory; file records are gathered (also the barrier); rank 0
 writes the manifest, renames the directory into place and rotates; then it tells every rank the
 outcome, so a failure on any rank raises on all of them instead of hanging.
+
+Main process only: scripts written for Accelerate may call ``save_state`` under ``if
+accelerator.is_main_process:`` (the diffusers scripts). Given an :class:`Attendance`, rank 0
+first finds out through the store, without a collective, whether every rank called it (see
+:mod:`accel.distributed.attendance`). If not, rank 0 writes the checkpoint alone (the same
+atomic directory and manifest) and the manifest's ``meta["absent_rank_states"]`` lists the ranks
+whose RNG states and loader positions are not in it; ``load_run`` handles them with one
+warning. A rank that called ``save_state`` after rank 0 had gone on alone takes that outcome.
+Only for strategies whose full state dicts need no collective (single process, DDP, XLA).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Any
 from ... import _tree, rng
 from ..._version import __version__
 from ...distributed import Communicator
+from ...distributed.attendance import Attendance, Roll
 from ..storage import (
     CheckpointError,
     CheckpointWriter,
@@ -101,6 +111,17 @@ def _write_rank_files(target: Path, token: str, snap: RunSnapshot, rank: int
         writer.close()
 
 
+def _pick_target(output_dir: str | Path | None, root: Path | None) -> tuple[Path, str]:
+    """Rank 0: the checkpoint directory (``output_dir``, else the next name under ``root``),
+    its parent created, and a fresh temp token."""
+    try:
+        target = next_checkpoint_name(root) if root is not None else Path(str(output_dir))
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the checkpoint directory's parent: {exc}") from exc
+    return target, new_token()
+
+
 def _plan_target(comm: Communicator, output_dir: str | Path | None, root: Path | None
                  ) -> tuple[Path, str]:
     """Rank 0 picks the directory (``output_dir``, else the next name under ``root``) and the
@@ -108,12 +129,10 @@ def _plan_target(comm: Communicator, output_dir: str | Path | None, root: Path |
     plan: list[Any] = [None, None]
     if comm.ctx.is_main_process:
         try:
-            target = next_checkpoint_name(root) if root is not None else Path(str(output_dir))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            plan = [str(target), new_token()]
-        except OSError as exc:  # sent to every rank so that none waits in a collective
-            plan = [CheckpointError(f"cannot create the checkpoint directory's parent: {exc}"),
-                    None]
+            target, token = _pick_target(output_dir, root)
+            plan = [str(target), token]
+        except CheckpointError as exc:  # sent to every rank so that none waits in a collective
+            plan = [exc, None]
     target_s, token = comm.broadcast_object_list(plan)
     if isinstance(target_s, Exception):
         raise target_s
@@ -121,16 +140,21 @@ def _plan_target(comm: Communicator, output_dir: str | Path | None, root: Path |
 
 
 def _finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any],
-                 world_size: int, limit: int | None, keep: Sequence[Path]) -> Exception | None:
-    """Rank 0: manifest, rename, rotation; returns the error to report to every rank."""
+                 world_size: int, limit: int | None, keep: Sequence[Path],
+                 absent: Sequence[int] = ()) -> Exception | None:
+    """Rank 0: manifest, rename, rotation; returns the error to report to every rank.
+
+    ``absent``: ranks that did not write their states (a save by the main process alone)."""
     failed = [r for r in gathered if isinstance(r, Exception)]
     if not failed:
         merged = {k: v for r in gathered for k, v in r.items()}
         # models: those accel wrote (save hooks may have saved some themselves)
         counts = dict(component_counts(snap),
                       models=sum(1 for rel in merged if _MODEL_FILE.fullmatch(rel)))
-        meta = {"accumulation_step": snap.accumulation_step,
-                "optimizer_steps": snap.optimizer_steps, "counts": counts}
+        meta: dict[str, Any] = {"accumulation_step": snap.accumulation_step,
+                                "optimizer_steps": snap.optimizer_steps, "counts": counts}
+        if absent:
+            meta["absent_rank_states"] = list(absent)
         try:
             finalize(tmp, target, step=snap.optimizer_steps, world_size=world_size, meta=meta,
                      records=merged, accel_version=__version__)
@@ -165,16 +189,67 @@ def _warn_about(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | 
                       "not exact; save after the group's optimizer.step()", stacklevel=4)
 
 
+def _roll_call(comm: Communicator, attendance: Attendance | None) -> Roll:
+    """Whether every rank called save_state (always, without an attendance or a process group)."""
+    if attendance is None or not comm.ctx.is_distributed:
+        return Roll(0, everyone=True)
+    if comm.ctx.is_main_process:
+        return attendance.convene()
+    try:
+        return attendance.join()
+    except RuntimeError as exc:
+        raise CheckpointError(str(exc)) from exc
+
+
+def _save_alone(snap: RunSnapshot, roll: Roll, output_dir: str | Path | None, root: Path | None,
+                limit: int | None, world_size: int) -> Path:
+    """Rank 0, the others not taking part: the whole checkpoint, rank 0's own states only."""
+    if roll.present or roll.timed_out:
+        note = (f"ranks {list(roll.present)} called save_state() too, but " if roll.present
+                else "")
+        warnings.warn(f"save_state(): {note}{roll.reason}, so the main process saved the "
+                      "checkpoint alone (without the other ranks' RNG states and loader "
+                      "positions); call save_state() on every rank, or on the main process "
+                      "only", stacklevel=4)
+    target, token = _pick_target(output_dir, root)
+    tmp = temp_dir_for(target, token)
+    try:
+        records: Any = _write_rank_files(target, token, snap, 0)
+    except Exception as exc:  # noqa: BLE001 - raised below, after cleaning up
+        records = CheckpointError(f"rank 0 could not write {target}: {exc}")
+    keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
+    error = _finish_save(tmp, target, snap, [records], world_size, limit, keep,
+                         absent=range(1, world_size))
+    if error is not None:
+        raise error
+    return target
+
+
+def _follow_main(comm: Communicator, roll: Roll, attendance: Attendance) -> Path:
+    """Another rank, rank 0 saving alone: wait until it finished and share its outcome."""
+    target, error = attendance.outcome(roll)
+    if roll.late:
+        warnings.warn(f"rank {comm.ctx.rank}: save_state() was called here after the main "
+                      f"process had started saving alone (it waited for this rank and then "
+                      f"went on), so this rank's RNG states and loader positions are not in "
+                      f"{target or 'the checkpoint'}", stacklevel=4)
+    if error is not None:
+        raise CheckpointError(f"the main process could not save the checkpoint: {error}")
+    return Path(target)
+
+
 def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
              total_limit: int | None, project_dir: str | Path | None,
-             project_total_limit: int | None) -> Path:
-    """Write a checkpoint of ``snap`` from every rank; returns its directory. Call on every rank.
+             project_total_limit: int | None, attendance: Attendance | None = None) -> Path:
+    """Write a checkpoint of ``snap`` from every rank; returns its directory.
 
-    Without ``output_dir`` the checkpoint is ``<project_dir>/checkpoints/checkpoint_<n+1>`` and
-    at most ``total_limit`` (else ``project_total_limit``) complete ones are kept, never the new
-    one nor ``snap.loaded_dir``. Any rank's failure raises on every rank; no rank is left
-    waiting in a collective. Warnings point at the caller of the function that calls this one
-    (the facade's ``save_state``).
+    Call it on every rank, or, given ``attendance``, on the main process only (then rank 0
+    writes everything it can alone; see the module's docstring). Without ``output_dir`` the
+    checkpoint is ``<project_dir>/checkpoints/checkpoint_<n+1>`` and at most ``total_limit``
+    (else ``project_total_limit``) complete ones are kept, never the new one nor
+    ``snap.loaded_dir``. Any rank's failure raises on every rank that called it; no rank is
+    left waiting in a collective. Warnings point at the caller of the function that calls this
+    one (the facade's ``save_state``).
 
     Raises:
         ValueError: neither ``output_dir`` nor ``project_dir`` was given.
@@ -190,6 +265,20 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     limit = None if root is None else \
         total_limit if total_limit is not None else project_total_limit
     ctx = comm.ctx
+    roll = _roll_call(comm, attendance)
+    if not roll.everyone and attendance is not None:
+        if not ctx.is_main_process:
+            return _follow_main(comm, roll, attendance)
+        target, error = Path(), "interrupted"
+        try:
+            target = _save_alone(snap, roll, output_dir, root, limit, ctx.world_size)
+            error = ""
+        except BaseException as exc:  # told to the ranks that wait for it, then re-raised
+            error = str(exc) or type(exc).__name__
+            raise
+        finally:
+            attendance.finish(roll, str(target), error or None)
+        return target
     target, token = _plan_target(comm, output_dir, root)
     tmp = temp_dir_for(target, token)
     try:
