@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ._parse import parse_int
+from .accelerate_attrs import AccelerateAttributes
 from .accumulation import AccumulationState
 from .checkpointing import CheckpointingMixin
 from .config import (
@@ -54,7 +55,7 @@ from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
 __all__ = ["Accelerator"]
 
 
-class Accelerator(CheckpointingMixin):
+class Accelerator(CheckpointingMixin, AccelerateAttributes):
     """Run one training loop on CPU, CUDA or XLA, in one process or many.
 
     Arguments and properties follow Hugging Face Accelerate's names; ``dynamo_backend`` (e.g.
