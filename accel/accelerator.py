@@ -399,11 +399,15 @@ class Accelerator(CheckpointingMixin):
 
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None
                            ) -> contextlib.AbstractContextManager[Any]:
-        """Let DDP ranks with fewer batches join the others' collectives (torch Join)."""
-        if even_batches is not None:
-            raise ValueError("join_uneven_inputs(even_batches=...) is not supported: set "
-                             "DataLoaderConfiguration(even_batches=False) before prepare()")
-        return self._rt.strategy.join(joinables)
+        """Let DDP ranks with fewer batches join the others' collectives (torch ``Join``).
+
+        ``even_batches`` overrides ``DataLoaderConfiguration(even_batches=...)`` inside the
+        block for the prepared map-style loaders (iterable ones keep theirs, with a warning);
+        Join is enabled when batches are not evened out. Other distributed types warn and run
+        the block unchanged, as in Accelerate.
+        """
+        return self._step.join_uneven_inputs(joinables, even_batches,
+                                             self.dataloader_config.even_batches)
 
     # -- process helpers -----------------------------------------------------------------------
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:

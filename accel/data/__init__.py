@@ -22,17 +22,32 @@ Example:
 
 from __future__ import annotations
 
-from .loader import DataTracker, PreparedDataLoader, prepare_data_loader, skip_first_batches
+from .loader import (
+    DataTracker,
+    PreparedDataLoader,
+    override_even_batches,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from .metrics import gather_for_metrics
-from .samplers import SeedableSampler
+from .samplers import (
+    BatchSamplerShard,
+    SeedableRandomSampler,
+    SeedableSampler,
+    SkipBatchSampler,
+)
 from .transfer import send_to_device
 from .trim import trim_batch
 
 __all__ = [
+    "BatchSamplerShard",
     "DataTracker",
     "PreparedDataLoader",
+    "SeedableRandomSampler",
     "SeedableSampler",
+    "SkipBatchSampler",
     "gather_for_metrics",
+    "override_even_batches",
     "prepare_data_loader",
     "send_to_device",
     "skip_first_batches",

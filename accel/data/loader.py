@@ -16,8 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -40,7 +41,8 @@ from .sources import (
 from .transfer import send_to_device
 from .trim import trim_batch
 
-__all__ = ["DataTracker", "PreparedDataLoader", "prepare_data_loader", "skip_first_batches"]
+__all__ = ["DataTracker", "PreparedDataLoader", "override_even_batches", "prepare_data_loader",
+           "skip_first_batches"]
 
 _STATE_VERSION = 1
 
@@ -105,6 +107,12 @@ class PreparedDataLoader:
     ``len()`` is the number of batches this rank yields per epoch. Each new ``for`` loop is a
     new epoch (its shuffle order depends only on the seed and the epoch) unless ``set_epoch``
     or ``load_state_dict`` said otherwise. See ``accel.data`` for the sharding rules.
+
+    ``state_dict()`` always gives the position (``save_state`` stores it). ``load_state_dict``
+    restores it exactly: the next pass continues with the next unseen batch. ``load_state``
+    calls it only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``; otherwise the
+    loader is left as it is, as Accelerate leaves its loaders, for scripts that skip batches
+    by hand after ``load_state``.
     """
 
     def __init__(self, base: DataLoader[Any], source: _Source, *, ctx: ProcessContext,
@@ -165,29 +173,37 @@ class PreparedDataLoader:
         self._yielded += 1
 
     def _begin_pass(self, requested_skip: int | None) -> tuple[int, int]:
-        saved = self._next
+        saved, loaded = self._next, self._next_loaded
         if saved is not None:
-            epoch, skip = saved
+            epoch, skip = self._upcoming(saved)
         else:
             epoch, skip = (self.epoch + 1 if self._started else self.epoch), 0
-        loaded = saved is not None and self._next_loaded and saved[1] > 0
-        if skip and self._complete(skip):  # saved after the epoch's last batch: next epoch
-            epoch, skip = epoch + 1, 0
-        if requested_skip is not None and saved is not None and loaded:
-            if requested_skip != saved[1]:
-                raise ValueError(
-                    f"skip_first_batches({requested_skip}) on a loader that already resumes "
-                    f"after batch {saved[1]} of epoch {saved[0]} (from load_state); accel "
-                    "resumes exactly on its own, so iterate the loader itself instead")
-            warnings.warn("skip_first_batches is not needed after load_state: the loader "
-                          "already resumes with the next unseen batch", stacklevel=4)
-        elif requested_skip is not None:
+        if requested_skip is not None:
+            if loaded and requested_skip != skip:
+                warnings.warn(
+                    f"skip_first_batches({requested_skip}) after load_state restored the "
+                    f"position after batch {skip} of epoch {epoch} "
+                    "(use_stateful_dataloader=True): this pass starts after batch "
+                    f"{requested_skip} of that epoch, as asked. The loader resumes by itself; "
+                    "iterate it without skip_first_batches", stacklevel=3)
+            elif loaded and skip:
+                warnings.warn("skip_first_batches is not needed after load_state with "
+                              "use_stateful_dataloader=True: the loader already resumes with "
+                              "the next unseen batch", stacklevel=3)
             skip = requested_skip
         self._next, self._next_loaded = None, False
         self._started = True
         self._passes += 1
         self.epoch, self._yielded = epoch, skip
         self._source.set_epoch(epoch)
+        return epoch, skip
+
+    def _upcoming(self, position: tuple[int, int]) -> tuple[int, int]:
+        """``(epoch, skip)`` of the next pass from a saved one: a position saved after the
+        epoch's last batch is the start of the next epoch."""
+        epoch, skip = position
+        if skip and self._complete(skip):
+            return epoch + 1, 0
         return epoch, skip
 
     def _complete(self, skip: int) -> bool:
@@ -200,9 +216,32 @@ class PreparedDataLoader:
         return len(self._source)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` (its shuffle order) for the next pass."""
-        self._next, self._next_loaded = (int(epoch), 0), False
-        self.epoch = int(epoch)
+        """Use ``epoch`` (its shuffle order) for the next pass.
+
+        After ``load_state_dict`` restored a position in ``epoch`` (a script that calls
+        ``set_epoch`` at the start of every epoch), the position is kept.
+        """
+        epoch = int(epoch)
+        if self._next is not None and self._next_loaded:
+            restored = self._upcoming(self._next)
+            if restored[0] == epoch:
+                return
+            warnings.warn(f"set_epoch({epoch}) drops the position restored by load_state "
+                          f"(epoch {restored[0]}, after batch {restored[1]}): the next pass is "
+                          f"epoch {epoch} from its first batch", stacklevel=2)
+        self._next, self._next_loaded = (epoch, 0), False
+        self.epoch = epoch
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether ``load_state`` restores this loader's position (Accelerate's switch)."""
+        return bool(self._config.use_stateful_dataloader)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The batch sampler that feeds this rank: for map-style loaders that ``prepare()``
+        sharded, a ``BatchSamplerShard``-like sampler whose ``batch_sampler`` is the user's."""
+        return self._source.loader.batch_sampler
 
     @property
     def remainder(self) -> int:
@@ -347,6 +386,52 @@ def _check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Commu
         lines = "; ".join(f"rank {r}: {tuple(item)}" for r, item in enumerate(everyone))
         raise ValueError("ranks prepared different data loaders (kind, dataset length, batch "
                          f"size): {lines}; every rank must prepare the same loader")
+
+
+@contextlib.contextmanager
+def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool) -> Iterator[None]:
+    """Inside the block, the map-style ``loaders`` shard with ``even_batches=even``; their own
+    values come back on exit (``Accelerator.join_uneven_inputs(even_batches=...)``).
+
+    Loaders of iterable datasets, and loaders that were already sharded (a
+    ``DistributedSampler``), keep theirs, with a warning (on every rank, as Accelerate's).
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> from accel.config import DataLoaderConfiguration
+        >>> from accel.distributed import ProcessContext
+        >>> from accel.data.sources import MapSource
+        >>> ctx = ProcessContext(1, 1, 2, 2, 0, torch.device("cpu"), "gloo", "none")  # rank 1
+        >>> base = DataLoader(range(3), batch_size=1)
+        >>> source = MapSource(base, rank=1, world=2, even=True, split=False, seed=0)
+        >>> dl = PreparedDataLoader(base, source, ctx=ctx, device=None,
+        ...     config=DataLoaderConfiguration(), tracker=DataTracker(), seed=0)
+        >>> with override_even_batches([dl], False):
+        ...     len(dl), dl.batch_sampler.even_batches  # batch 1 only: 3 batches, 2 ranks
+        (1, False)
+        >>> len(dl), dl.batch_sampler.even_batches  # batch 1, then a padding duplicate
+        (2, True)
+    """
+    changed: list[tuple[Any, bool]] = []
+    kept = 0
+    for loader in loaders:
+        shard = loader._source.shard_sampler()
+        if shard is None:
+            kept += 1
+            continue
+        changed.append((shard, shard.even_batches))
+        shard.even_batches = even
+    if kept:
+        warnings.warn(
+            "overriding even_batches is only supported for map-style datasets that prepare() "
+            f"shards: {kept} prepared loader(s) read an iterable dataset (or were already "
+            f"sharded by a DistributedSampler) and keep their even_batches", stacklevel=3)
+    try:
+        yield
+    finally:
+        for shard, value in changed:
+            shard.even_batches = value
 
 
 class _SkippedLoader:

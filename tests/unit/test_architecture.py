@@ -84,6 +84,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/preparation.py", "L4"),
     ("accel/checkpoint/*", "L4"),
     ("accel/utils.py", "L5"),  # Accelerate's accelerate.utils names, over L0-L4
+    ("accel/data_loader.py", "L5"),  # Accelerate's accelerate.data_loader names, over L0-L4
     ("accel/checkpointing.py", "L5"),  # the facade's checkpoint methods (a mixin of it)
     ("accel/accelerator.py", "L5"),
     ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4

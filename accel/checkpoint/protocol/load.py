@@ -1,9 +1,10 @@
 """``load_run``: every rank restores the same checkpoint, or every rank raises.
 
 Rank 0 resolves which checkpoint (``input_dir``, else the newest complete one under the
-project) and broadcasts it; each rank loads the shared components and its own RNG state and
-loader positions; the ranks' outcomes are gathered, so a failure on one rank raises on all of
-them, and ranks that read different checkpoints (no shared filesystem) are caught.
+project) and broadcasts it; each rank loads the shared components, its own RNG state and (for
+loaders with ``use_stateful_dataloader``) its loader positions; the ranks' outcomes are
+gathered, so a failure on one rank raises on all of them, and ranks that read different
+checkpoints (no shared filesystem) are caught.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from ..storage import (
     read_manifest,
     read_state,
 )
-from .snapshot import LoadedRun, ModelStateIO, RunSnapshot, Stateful, component_counts
+from .snapshot import (
+    LoadedRun,
+    ModelStateIO,
+    RunSnapshot,
+    Stateful,
+    component_counts,
+    restored_loaders,
+)
 
 __all__ = ["load_run"]
 
@@ -45,6 +53,8 @@ def _check_counts(manifest: Manifest, snap: RunSnapshot, models: int) -> None:
     saved, prepared = manifest.meta.get("counts"), dict(component_counts(snap), models=models)
     if not isinstance(saved, dict):
         return  # written without counts: each component is still checked on its own
+    if not restored_loaders(snap):  # positions unused (as in Accelerate): any number is fine
+        prepared.pop("loaders")
     differ = {k: (saved.get(k), n) for k, n in prepared.items() if saved.get(k, n) != n}
     if differ:
         found = ", ".join(f"{k}: {old} saved, {new} prepared" for k, (old, new) in differ.items())
@@ -147,20 +157,22 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                      is_main: bool) -> None:
     """This rank's RNG state and loader positions (rank 0's positions if the world changed)."""
     saved_world = ld.manifest.world_size
+    restore = restored_loaders(snap)
     if saved_world != world and is_main:
         change = (f"the RNG states of ranks {world}..{saved_world - 1} are dropped"
                   if world < saved_world else
                   f"ranks {saved_world}..{world - 1} are seeded deterministically from the step")
+        positions = "; data loader positions are converted from rank 0's" if restore else ""
         warnings.warn(
             f"checkpoint {ld.path} was written by {saved_world} process(es), this job has "
-            f"{world}: model, optimizer, scheduler and registered state are loaded; {change}; "
-            "data loader positions are converted from rank 0's", stacklevel=_RUN_DEPTH - 2)
+            f"{world}: model, optimizer, scheduler and registered state are loaded; {change}"
+            f"{positions}", stacklevel=_RUN_DEPTH - 2)
     if rank < saved_world:  # this rank wrote RNG state: missing/corrupt is an error
         ld.run(f"rank_{rank}/rng", lambda: rng.restore(ld.state(f"rank_{rank}/rng"),
                                                        snap.device))
     else:
         rng.seed_everything(rng.rank_seed(ld.manifest.step, rank), snap.device)
-    if not snap.loaders:
+    if not restore:  # no loader asks for its position (use_stateful_dataloader=False)
         return
     source = rank if saved_world == world else 0
 
@@ -171,7 +183,8 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                              f"{len(snap.loaders)} loader(s) are prepared; prepare the same "
                              "loaders in the same order before load_state()")
         for loader, state in zip(snap.loaders, states, strict=True):
-            loader.load_state_dict(state)
+            if loader.use_stateful_dataloader:
+                loader.load_state_dict(state)
 
     ld.run(f"rank_{source}/loaders", loaders)
 
