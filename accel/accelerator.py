@@ -265,7 +265,8 @@ class Accelerator(CheckpointingMixin):
         return self.prepare(scheduler)  # type: ignore[no-any-return]
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader that starts after ``num_batches`` (not needed after ``load_state``)."""
+        """A loader whose next pass starts after ``num_batches`` batches (resuming by hand
+        after ``load_state``; not needed with ``use_stateful_dataloader=True``)."""
         return skip_first_batches(dataloader, num_batches)
 
     # -- training step -------------------------------------------------------------------------

@@ -103,9 +103,9 @@ def prepare_data_loader(
     Both default to this process's place in the job. With ``put_on_device`` batches are moved
     to ``device`` (no move when ``device`` is None, as in Accelerate). The shuffle seed is
     ``data_seed``, else rank 0's ``torch.initial_seed()``. The loader belongs to no
-    ``Accelerator``: ``accelerator.gather_for_metrics`` does not see its padding duplicates
-    (prepare it with ``accelerator.prepare`` for that). ``rng_types`` is accepted and unused,
-    as by ``Accelerator``: the data order never depends on a global RNG.
+    ``Accelerator``: ``accelerator.gather_for_metrics`` and ``accelerator.end_of_dataloader``
+    do not see it (prepare it with ``accelerator.prepare`` for those). ``rng_types`` is
+    accepted and unused, as by ``Accelerator``: the data order never depends on a global RNG.
 
     Raises:
         ValueError: ``dispatch_batches=True`` (every rank reads its own shard in accel).
@@ -135,7 +135,7 @@ def prepare_data_loader(
     seed = data_seed if data_seed is not None else _initial_seed(comm)
     place = put_on_device and device is not None
     return _prepare(dataloader, ctx=ctx, comm=comm, device=device if place else None,
-                    config=config, tracker=DataTracker(), seed=seed,
+                    config=config, tracker=DataTracker(groups=False), seed=seed,
                     after_batch=setup.hardware.batch_hook() if place else None)
 
 

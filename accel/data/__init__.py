@@ -1,4 +1,5 @@
-"""Data loading: rank sharding, device placement, position tracking and exact resume.
+"""Data loading: rank sharding, device placement, position tracking and exact resume
+(``load_state`` restores positions with ``use_stateful_dataloader=True``).
 
 Map-style loaders are sharded at the batch level: the batch sampler's batches ``B0, B1, ...``
 are dealt round-robin, rank ``r`` taking ``B[i * world + r]`` (with ``split_batches`` each batch

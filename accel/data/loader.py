@@ -51,17 +51,20 @@ class DataTracker:
     """Which prepared loader is being iterated (innermost first) for one ``Accelerator``.
 
     Also caches the subgroups used for the last gather of an uneven epoch (every rank creates
-    the same ones in the same order, so the caches stay identical across ranks).
+    the same ones in the same order, so the caches stay identical across ranks). With
+    ``groups=False`` none is created (a loader no ``Accelerator`` gathers for, or a shard built
+    for another rank in this process alone).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, groups: bool = True) -> None:
         self._stack: list[tuple[object, PreparedDataLoader]] = []
         self._groups: dict[tuple[int, ...], Any] = {}
+        self._make_groups = groups
 
     def __getstate__(self) -> dict[str, Any]:
         # Process groups belong to this process and what is being iterated to this moment: a
         # copy (pickled into a DataLoader worker, say) starts with neither.
-        return {"_stack": [], "_groups": {}}
+        return {"_stack": [], "_groups": {}, "_make_groups": self._make_groups}
 
     @property
     def active(self) -> PreparedDataLoader | None:
@@ -88,6 +91,8 @@ class DataTracker:
 
     def subgroup(self, ranks: tuple[int, ...]) -> Any:
         """The process group of ``ranks``; created on first use, by every rank at once."""
+        if not self._make_groups:
+            return None
         if ranks not in self._groups:
             self._groups[ranks] = dist.new_group(list(ranks))
         return self._groups[ranks]
@@ -95,6 +100,8 @@ class DataTracker:
     def group(self, ranks: tuple[int, ...]) -> Any:
         """The already created process group of ``ranks`` (never creates one: only some ranks
         ask for it, and creating a group needs every rank)."""
+        if not self._make_groups:
+            return None
         if ranks not in self._groups:
             raise RuntimeError(f"internal error: no process group was announced for ranks "
                                f"{list(ranks)} before their last batch")
@@ -389,12 +396,14 @@ def _check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Commu
 
 
 @contextlib.contextmanager
-def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool) -> Iterator[None]:
+def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool,
+                          stacklevel: int = 3) -> Iterator[None]:
     """Inside the block, the map-style ``loaders`` shard with ``even_batches=even``; their own
     values come back on exit (``Accelerator.join_uneven_inputs(even_batches=...)``).
 
     Loaders of iterable datasets, and loaders that were already sharded (a
-    ``DistributedSampler``), keep theirs, with a warning (on every rank, as Accelerate's).
+    ``DistributedSampler``), keep theirs, with a warning (on every rank, as Accelerate's) that
+    names the line ``stacklevel`` frames up (3: the ``with`` statement around this call).
 
     Example:
         >>> import torch
@@ -426,7 +435,8 @@ def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool) -> 
         warnings.warn(
             "overriding even_batches is only supported for map-style datasets that prepare() "
             f"shards: {kept} prepared loader(s) read an iterable dataset (or were already "
-            f"sharded by a DistributedSampler) and keep their even_batches", stacklevel=3)
+            f"sharded by a DistributedSampler) and keep their even_batches",
+            stacklevel=stacklevel)
     try:
         yield
     finally:
@@ -465,9 +475,10 @@ _END: Any = object()
 def skip_first_batches(loader: Any, num_batches: int) -> Any:
     """A loader whose next pass leaves out the first ``num_batches`` batches.
 
-    Works on prepared loaders (the pass keeps sharding and tracking; not needed after
-    ``load_state``, which resumes exactly by itself) and on plain ``DataLoader``s (map-style ones
-    skip at the sampler, so the skipped samples are never loaded).
+    Works on prepared loaders (the pass keeps sharding and tracking; after ``load_state`` it
+    skips from the start of the epoch, as in Accelerate; with ``use_stateful_dataloader=True``
+    the loader resumes by itself and needs no skipping) and on plain ``DataLoader``s
+    (map-style ones skip at the sampler, so the skipped samples are never loaded).
 
     Example:
         >>> from torch.utils.data import DataLoader

@@ -548,3 +548,26 @@ def test_worker_seeds_follow_seed_rank_and_epoch_not_the_global_rng() -> None:
     torch.manual_seed(123)  # the global RNG plays no part
     assert draws(0) == first and first[0] != first[1]
     assert draws(1, epochs=1)[0] != first[0] and draws(0, 7, epochs=1)[0] != first[0]
+
+
+# -- join_uneven_inputs --------------------------------------------------------------------------
+def test_join_uneven_inputs_outside_ddp() -> None:
+    """Non-DDP distributed strategies warn, as Accelerate does for everything but multi-GPU
+    (accel's DDP joins on CPU too); one process neither warns nor changes its loaders."""
+    from accel import Accelerator
+    from accel.strategy.xla import XLAStrategy
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(1, 1))
+    dl = acc.prepare(DataLoader(range(3), batch_size=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with acc.join_uneven_inputs([model], even_batches=False):
+            assert [b.tolist() for b in dl] == [[0], [1], [2]]
+    xla = XLAStrategy(_ctx(0, 2))  # 2 XLA processes: torch Join has no meaning there
+    assert not xla.joins_uneven_inputs
+    acc._step.strategy = xla  # as if this Accelerator ran on 2 XLA devices
+    with pytest.warns(UserWarning, match="only supported for multi-GPU.*with XLA") as caught, \
+            acc.join_uneven_inputs([model], even_batches=False):
+        assert len(dl) == 3  # not overridden (nothing to override in one process anyway)
+    assert caught[0].filename == __file__

@@ -246,3 +246,59 @@ def test_save_inside_an_accumulation_group_warns(tmp_path: Path) -> None:
         acc.save_state(str(tmp_path / "boundary"))
     with pytest.warns(UserWarning, match="total_limit=2.* is ignored"):
         acc.save_state(str(tmp_path / "boundary"), total_limit=2)
+
+
+def _loader_run(stateful: bool, loaders: int = 1) -> tuple[Accelerator, list[Any]]:
+    from accel import DataLoaderConfiguration
+
+    torch.manual_seed(3)
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=stateful))
+    return acc, [acc.prepare(DataLoader(range(8), batch_size=2, shuffle=True))
+                 for _ in range(loaders)]
+
+
+def _first_batches(loader: Any, n: int) -> list[list[int]]:
+    it = iter(loader)
+    out = [next(it).tolist() for _ in range(n)]
+    it.close()
+    return out
+
+
+def _epoch1() -> list[list[int]]:
+    reference = _loader_run(stateful=False)[1][0]
+    _first_batches(reference, 4)
+    return [b.tolist() for b in reference]
+
+
+def test_load_state_restores_loader_positions_only_when_stateful(tmp_path: Path) -> None:
+    """As Accelerate: load_state leaves loaders as they are unless use_stateful_dataloader
+    (scripts written for it skip by hand); with it, the next unseen batch comes next."""
+    acc, (loader,) = _loader_run(stateful=False)
+    epoch0 = [b.tolist() for b in loader]
+    for step, _ in enumerate(loader):  # epoch 1, saved after its second batch
+        if step == 1:
+            path = acc.save_state(str(tmp_path / "ckpt"))
+    saved = accel.checkpoint.read_state(Path(path), "rank_0/loaders")
+    assert saved[0]["next_epoch"] == 1 and saved[0]["next_skip"] == 2  # always saved
+
+    plain, (fresh, extra) = _loader_run(stateful=False, loaders=2)  # any number of loaders
+    plain.load_state(path)
+    assert _first_batches(fresh, 4) == epoch0 and _first_batches(extra, 1) == epoch0[:1]
+
+    stateful, (resumed,) = _loader_run(stateful=True)
+    stateful.load_state(path)
+    assert [b.tolist() for b in resumed] == _epoch1()[2:]
+
+    counted, _ = _loader_run(stateful=True, loaders=2)
+    with pytest.raises(CheckpointError, match="loaders: 1 saved, 2 prepared"):
+        counted.load_state(path)
+
+
+def test_a_loader_position_of_the_first_format_still_loads() -> None:
+    """Positions written before use_stateful_dataloader existed (format version 1)."""
+    _, (loader,) = _loader_run(stateful=True)
+    loader.load_state_dict({"version": 1, "epoch": 1, "batches_yielded": 3, "iterating": True,
+                            "next_epoch": 1, "next_skip": 3, "seed": 3, "world_size": 1,
+                            "batch_size": 2, "split_batches": False})
+    assert [b.tolist() for b in loader] == _epoch1()[3:]
