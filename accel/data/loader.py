@@ -44,7 +44,10 @@ from .trim import trim_batch
 __all__ = ["DataTracker", "PreparedDataLoader", "override_even_batches", "prepare_data_loader",
            "skip_first_batches"]
 
-_STATE_VERSION = 1
+#: 2: shuffled as Accelerate's SeedableRandomSampler (epoch e from seed + e); 1 (accel before
+#: that) mixed seed and epoch otherwise: its positions load, its mid-epoch shuffle order is gone.
+_STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 class DataTracker:
@@ -277,11 +280,17 @@ class PreparedDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s output (possibly written with another world size)."""
         missing = {"next_epoch", "next_skip", "seed", "world_size"} - set(state)
-        if missing or state.get("version") != _STATE_VERSION:
+        if missing or state.get("version") not in _READABLE_VERSIONS:
             raise ValueError(f"not a data loader state (version {_STATE_VERSION}): missing "
                              f"{sorted(missing)}, version {state.get('version')!r}")
         skip = _convert_skip(int(state["next_skip"]), int(state["world_size"]),
                              self._ctx.world_size, bool(state.get("split_batches")))
+        if state["version"] == 1 and skip and self._source.seeded:
+            warnings.warn(
+                f"this data loader position (epoch {state['next_epoch']}, after batch {skip}) was "
+                "saved by an accel version that shuffled in another order: the rest of that "
+                "epoch follows the current order, so some of its samples may repeat or be left "
+                "out; later epochs are unaffected", stacklevel=2)
         seed = int(state["seed"])
         chosen = self._config.data_seed
         if chosen is not None and chosen != seed:

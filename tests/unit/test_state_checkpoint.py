@@ -296,9 +296,18 @@ def test_load_state_restores_loader_positions_only_when_stateful(tmp_path: Path)
 
 
 def test_a_loader_position_of_the_first_format_still_loads() -> None:
-    """Positions written before use_stateful_dataloader existed (format version 1)."""
+    """Positions written before the shuffle order became Accelerate's (format version 1) load;
+    mid-epoch in a shuffled loader, with a warning that the epoch's order changed."""
     _, (loader,) = _loader_run(stateful=True)
-    loader.load_state_dict({"version": 1, "epoch": 1, "batches_yielded": 3, "iterating": True,
-                            "next_epoch": 1, "next_skip": 3, "seed": 3, "world_size": 1,
-                            "batch_size": 2, "split_batches": False})
+    old = {"version": 1, "epoch": 1, "batches_yielded": 3, "iterating": True,
+           "next_epoch": 1, "next_skip": 3, "seed": 3, "world_size": 1, "batch_size": 2,
+           "split_batches": False}
+    with pytest.warns(UserWarning, match="shuffled in another order"):
+        loader.load_state_dict(old)
     assert [b.tolist() for b in loader] == _epoch1()[3:]
+    assert loader.state_dict()["version"] == 2
+    plain = Accelerator(cpu=True).prepare(DataLoader(range(8), batch_size=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not shuffled: the same order as before
+        plain.load_state_dict({**old, "seed": 0})
+    assert [b.tolist() for b in plain] == [[6, 7]]
