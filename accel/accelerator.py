@@ -270,7 +270,8 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         return self.prepare(scheduler)  # type: ignore[no-any-return]
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader that starts after ``num_batches`` (not needed after ``load_state``)."""
+        """A loader whose next pass starts after ``num_batches`` batches (resuming by hand
+        after ``load_state``; not needed with ``use_stateful_dataloader=True``)."""
         return skip_first_batches(dataloader, num_batches)
 
     # -- training step -------------------------------------------------------------------------
@@ -427,11 +428,15 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
 
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None
                            ) -> contextlib.AbstractContextManager[Any]:
-        """Let DDP ranks with fewer batches join the others' collectives (torch Join)."""
-        if even_batches is not None:
-            raise ValueError("join_uneven_inputs(even_batches=...) is not supported: set "
-                             "DataLoaderConfiguration(even_batches=False) before prepare()")
-        return self._rt.strategy.join(joinables)
+        """Let DDP ranks with fewer batches join the others' collectives (torch ``Join``).
+
+        ``even_batches`` overrides ``DataLoaderConfiguration(even_batches=...)`` inside the
+        block for the prepared map-style loaders (iterable ones keep theirs, with a warning);
+        Join is enabled when batches are not evened out. Other distributed types warn and run
+        the block unchanged, as in Accelerate.
+        """
+        return self._step.join_uneven_inputs(joinables, even_batches,
+                                             self.dataloader_config.even_batches)
 
     # -- process helpers -----------------------------------------------------------------------
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:

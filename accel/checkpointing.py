@@ -121,8 +121,10 @@ class CheckpointingMixin:
                    missing_ok: bool = False) -> str | None:
         """Restore a checkpoint on every rank; without ``input_dir`` the newest complete one.
 
-        Afterwards iterating a prepared loader continues with the next unseen batch and the RNG
-        streams continue where they were, so training resumes exactly. A missing or corrupt
+        The RNG streams continue where they were. Prepared data loaders are left as they are,
+        as in Accelerate (skip the batches already seen with ``skip_first_batches``), unless
+        ``DataLoaderConfiguration(use_stateful_dataloader=True)``: then iterating a loader
+        continues with the next unseen batch, so training resumes exactly. A missing or corrupt
         component raises ``CheckpointError`` naming the file on every rank; ``strict=False``
         skips it with a warning on each affected rank. ``missing_ok=True`` (without
         ``input_dir``) returns None when no complete checkpoint exists yet, so one script both

@@ -283,11 +283,21 @@ class GradientAccumulationPlugin(KwargsHandler):
 
 @dataclass
 class DataLoaderConfiguration:
-    """How ``prepare()`` shards and feeds data loaders.
+    """How ``prepare()`` shards and feeds data loaders (Accelerate's fields and defaults).
 
-    ``dispatch_batches`` exists for signature compatibility with Accelerate; accel always lets
-    every rank read its own shard (batches with varying shapes keep working), so only ``None``
-    and ``False`` are accepted.
+    - ``use_stateful_dataloader``: ``load_state`` restores each prepared loader's exact
+      position, so iterating it continues with the next unseen batch of the saved epoch (same
+      shuffle order and worker seeds; accel tracks the position itself, torchdata is not
+      needed). Off by default, as in Accelerate: ``load_state`` then leaves loaders as they
+      are, so a script that skips the batches already seen by hand
+      (``skip_first_batches(loader, n)`` or ``if step < resume_step: continue``) trains on the
+      same batches as under Accelerate.
+    - ``use_seedable_sampler``: accel always shuffles as Accelerate's ``SeedableRandomSampler``
+      does (epoch ``e`` draws from ``data_seed + e``), so this flag changes nothing.
+    - ``data_seed``: the shuffle seed; by default rank 0's ``torch.initial_seed()``.
+    - ``dispatch_batches`` exists for signature compatibility with Accelerate; accel always
+      lets every rank read its own shard (batches with varying shapes keep working), so only
+      ``None`` and ``False`` are accepted.
     """
 
     split_batches: bool = False

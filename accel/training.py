@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .data import override_even_batches
 from .distributed import Communicator
 from .precision import Precision
 from .runstate import RunState
@@ -54,6 +55,20 @@ class StepController:
             if not acc.sync_gradients and not acc.sync_each_batch:
                 for model in models or self.run.models:
                     stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None,
+                           default_even: bool) -> Iterator[None]:
+        """torch ``Join`` over ``joinables`` when batches are uneven, as Accelerate has it: with
+        ``even_batches`` given, the prepared map-style loaders use it inside the block (several
+        DDP processes only), and Join is enabled only when batches are not evened out."""
+        even = default_even if even_batches is None else bool(even_batches)
+        with contextlib.ExitStack() as stack:
+            if even_batches is not None and self.strategy.joins_uneven_inputs:
+                # stacklevel 6: the user's `with` (its __enter__, this generator, enter_context)
+                stack.enter_context(override_even_batches(self.run.dataloaders, even, 6))
+            stack.enter_context(self.strategy.join(joinables, enable=not even))
             yield
 
     def backward(self, loss: torch.Tensor, num_items: float | int | torch.Tensor | None,

@@ -3,8 +3,9 @@
 ``save_state()`` writes ``<project_dir>/checkpoints/checkpoint_<n>`` atomically (safetensors +
 JSON, no pickle) and keeps the newest ``--total_limit``; ``load_state()`` restores the newest
 complete one: model, optimizer, scheduler, RNG streams, the data loader's position and any
-object registered with ``register_for_checkpointing``. The resumed run continues with the next
-unseen batch and reproduces the uninterrupted run's losses.
+object registered with ``register_for_checkpointing``. With
+``DataLoaderConfiguration(use_stateful_dataloader=True)`` the resumed run continues with the next
+unseen batch by itself (no ``skip_first_batches``) and reproduces the uninterrupted run's losses.
 
     accel launch --cpu -n 2 examples/checkpointing.py --project_dir runs/ckpt --stop_after 13
     accel launch --cpu -n 2 examples/checkpointing.py --project_dir runs/ckpt
@@ -24,7 +25,7 @@ from digits import build_model, digits_datasets  # the model and data of example
 from torch import nn
 from torch.utils.data import DataLoader
 
-from accel import Accelerator, ProjectConfiguration
+from accel import Accelerator, DataLoaderConfiguration, ProjectConfiguration
 
 
 class Progress:
@@ -57,7 +58,10 @@ def main() -> None:
     args = parse_args()
     config = ProjectConfiguration(project_dir=args.project_dir, automatic_checkpoint_naming=True,
                                   total_limit=args.total_limit)
-    accelerator = Accelerator(project_config=config)
+    # use_stateful_dataloader: load_state() also restores the loader's position (without it,
+    # loaders start their epoch over, as in Accelerate, for scripts that skip batches by hand)
+    accelerator = Accelerator(project_config=config, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=True))
     torch.manual_seed(args.seed)
     train_set, _ = digits_datasets()
     train_dl = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)

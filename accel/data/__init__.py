@@ -1,4 +1,5 @@
-"""Data loading: rank sharding, device placement, position tracking and exact resume.
+"""Data loading: rank sharding, device placement, position tracking and exact resume
+(``load_state`` restores positions with ``use_stateful_dataloader=True``).
 
 Map-style loaders are sharded at the batch level: the batch sampler's batches ``B0, B1, ...``
 are dealt round-robin, rank ``r`` taking ``B[i * world + r]`` (with ``split_batches`` each batch
@@ -22,17 +23,32 @@ Example:
 
 from __future__ import annotations
 
-from .loader import DataTracker, PreparedDataLoader, prepare_data_loader, skip_first_batches
+from .loader import (
+    DataTracker,
+    PreparedDataLoader,
+    override_even_batches,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from .metrics import gather_for_metrics
-from .samplers import SeedableSampler
+from .samplers import (
+    BatchSamplerShard,
+    SeedableRandomSampler,
+    SeedableSampler,
+    SkipBatchSampler,
+)
 from .transfer import send_to_device
 from .trim import trim_batch
 
 __all__ = [
+    "BatchSamplerShard",
     "DataTracker",
     "PreparedDataLoader",
+    "SeedableRandomSampler",
     "SeedableSampler",
+    "SkipBatchSampler",
     "gather_for_metrics",
+    "override_even_batches",
     "prepare_data_loader",
     "send_to_device",
     "skip_first_batches",

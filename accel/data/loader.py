@@ -16,8 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -40,26 +41,33 @@ from .sources import (
 from .transfer import send_to_device
 from .trim import trim_batch
 
-__all__ = ["DataTracker", "PreparedDataLoader", "prepare_data_loader", "skip_first_batches"]
+__all__ = ["DataTracker", "PreparedDataLoader", "override_even_batches", "prepare_data_loader",
+           "skip_first_batches"]
 
-_STATE_VERSION = 1
+#: 2: shuffled as Accelerate's SeedableRandomSampler (epoch e from seed + e); 1 (accel before
+#: that) mixed seed and epoch otherwise: its positions load, its mid-epoch shuffle order is gone.
+_STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 class DataTracker:
     """Which prepared loader is being iterated (innermost first) for one ``Accelerator``.
 
     Also caches the subgroups used for the last gather of an uneven epoch (every rank creates
-    the same ones in the same order, so the caches stay identical across ranks).
+    the same ones in the same order, so the caches stay identical across ranks). With
+    ``groups=False`` none is created (a loader no ``Accelerator`` gathers for, or a shard built
+    for another rank in this process alone).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, groups: bool = True) -> None:
         self._stack: list[tuple[object, PreparedDataLoader]] = []
         self._groups: dict[tuple[int, ...], Any] = {}
+        self._make_groups = groups
 
     def __getstate__(self) -> dict[str, Any]:
         # Process groups belong to this process and what is being iterated to this moment: a
         # copy (pickled into a DataLoader worker, say) starts with neither.
-        return {"_stack": [], "_groups": {}}
+        return {"_stack": [], "_groups": {}, "_make_groups": self._make_groups}
 
     @property
     def active(self) -> PreparedDataLoader | None:
@@ -86,6 +94,8 @@ class DataTracker:
 
     def subgroup(self, ranks: tuple[int, ...]) -> Any:
         """The process group of ``ranks``; created on first use, by every rank at once."""
+        if not self._make_groups:
+            return None
         if ranks not in self._groups:
             self._groups[ranks] = dist.new_group(list(ranks))
         return self._groups[ranks]
@@ -93,6 +103,8 @@ class DataTracker:
     def group(self, ranks: tuple[int, ...]) -> Any:
         """The already created process group of ``ranks`` (never creates one: only some ranks
         ask for it, and creating a group needs every rank)."""
+        if not self._make_groups:
+            return None
         if ranks not in self._groups:
             raise RuntimeError(f"internal error: no process group was announced for ranks "
                                f"{list(ranks)} before their last batch")
@@ -105,6 +117,12 @@ class PreparedDataLoader:
     ``len()`` is the number of batches this rank yields per epoch. Each new ``for`` loop is a
     new epoch (its shuffle order depends only on the seed and the epoch) unless ``set_epoch``
     or ``load_state_dict`` said otherwise. See ``accel.data`` for the sharding rules.
+
+    ``state_dict()`` always gives the position (``save_state`` stores it). ``load_state_dict``
+    restores it exactly: the next pass continues with the next unseen batch. ``load_state``
+    calls it only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``; otherwise the
+    loader is left as it is, as Accelerate leaves its loaders, for scripts that skip batches
+    by hand after ``load_state``.
     """
 
     def __init__(self, base: DataLoader[Any], source: _Source, *, ctx: ProcessContext,
@@ -165,29 +183,37 @@ class PreparedDataLoader:
         self._yielded += 1
 
     def _begin_pass(self, requested_skip: int | None) -> tuple[int, int]:
-        saved = self._next
+        saved, loaded = self._next, self._next_loaded
         if saved is not None:
-            epoch, skip = saved
+            epoch, skip = self._upcoming(saved)
         else:
             epoch, skip = (self.epoch + 1 if self._started else self.epoch), 0
-        loaded = saved is not None and self._next_loaded and saved[1] > 0
-        if skip and self._complete(skip):  # saved after the epoch's last batch: next epoch
-            epoch, skip = epoch + 1, 0
-        if requested_skip is not None and saved is not None and loaded:
-            if requested_skip != saved[1]:
-                raise ValueError(
-                    f"skip_first_batches({requested_skip}) on a loader that already resumes "
-                    f"after batch {saved[1]} of epoch {saved[0]} (from load_state); accel "
-                    "resumes exactly on its own, so iterate the loader itself instead")
-            warnings.warn("skip_first_batches is not needed after load_state: the loader "
-                          "already resumes with the next unseen batch", stacklevel=4)
-        elif requested_skip is not None:
+        if requested_skip is not None:
+            if loaded and requested_skip != skip:
+                warnings.warn(
+                    f"skip_first_batches({requested_skip}) after load_state restored the "
+                    f"position after batch {skip} of epoch {epoch} "
+                    "(use_stateful_dataloader=True): this pass starts after batch "
+                    f"{requested_skip} of that epoch, as asked. The loader resumes by itself; "
+                    "iterate it without skip_first_batches", stacklevel=3)
+            elif loaded and skip:
+                warnings.warn("skip_first_batches is not needed after load_state with "
+                              "use_stateful_dataloader=True: the loader already resumes with "
+                              "the next unseen batch", stacklevel=3)
             skip = requested_skip
         self._next, self._next_loaded = None, False
         self._started = True
         self._passes += 1
         self.epoch, self._yielded = epoch, skip
         self._source.set_epoch(epoch)
+        return epoch, skip
+
+    def _upcoming(self, position: tuple[int, int]) -> tuple[int, int]:
+        """``(epoch, skip)`` of the next pass from a saved one: a position saved after the
+        epoch's last batch is the start of the next epoch."""
+        epoch, skip = position
+        if skip and self._complete(skip):
+            return epoch + 1, 0
         return epoch, skip
 
     def _complete(self, skip: int) -> bool:
@@ -200,9 +226,32 @@ class PreparedDataLoader:
         return len(self._source)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` (its shuffle order) for the next pass."""
-        self._next, self._next_loaded = (int(epoch), 0), False
-        self.epoch = int(epoch)
+        """Use ``epoch`` (its shuffle order) for the next pass.
+
+        After ``load_state_dict`` restored a position in ``epoch`` (a script that calls
+        ``set_epoch`` at the start of every epoch), the position is kept.
+        """
+        epoch = int(epoch)
+        if self._next is not None and self._next_loaded:
+            restored = self._upcoming(self._next)
+            if restored[0] == epoch:
+                return
+            warnings.warn(f"set_epoch({epoch}) drops the position restored by load_state "
+                          f"(epoch {restored[0]}, after batch {restored[1]}): the next pass is "
+                          f"epoch {epoch} from its first batch", stacklevel=2)
+        self._next, self._next_loaded = (epoch, 0), False
+        self.epoch = epoch
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether ``load_state`` restores this loader's position (Accelerate's switch)."""
+        return bool(self._config.use_stateful_dataloader)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The batch sampler that feeds this rank: for map-style loaders that ``prepare()``
+        sharded, a ``BatchSamplerShard``-like sampler whose ``batch_sampler`` is the user's."""
+        return self._source.loader.batch_sampler
 
     @property
     def remainder(self) -> int:
@@ -231,11 +280,17 @@ class PreparedDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s output (possibly written with another world size)."""
         missing = {"next_epoch", "next_skip", "seed", "world_size"} - set(state)
-        if missing or state.get("version") != _STATE_VERSION:
+        if missing or state.get("version") not in _READABLE_VERSIONS:
             raise ValueError(f"not a data loader state (version {_STATE_VERSION}): missing "
                              f"{sorted(missing)}, version {state.get('version')!r}")
         skip = _convert_skip(int(state["next_skip"]), int(state["world_size"]),
                              self._ctx.world_size, bool(state.get("split_batches")))
+        if state["version"] == 1 and skip and self._source.seeded:
+            warnings.warn(
+                f"this data loader position (epoch {state['next_epoch']}, after batch {skip}) was "
+                "saved by an accel version that shuffled in another order: the rest of that "
+                "epoch follows the current order, so some of its samples may repeat or be left "
+                "out; later epochs are unaffected", stacklevel=2)
         seed = int(state["seed"])
         chosen = self._config.data_seed
         if chosen is not None and chosen != seed:
@@ -349,6 +404,55 @@ def _check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Commu
                          f"size): {lines}; every rank must prepare the same loader")
 
 
+@contextlib.contextmanager
+def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool,
+                          stacklevel: int = 3) -> Iterator[None]:
+    """Inside the block, the map-style ``loaders`` shard with ``even_batches=even``; their own
+    values come back on exit (``Accelerator.join_uneven_inputs(even_batches=...)``).
+
+    Loaders of iterable datasets, and loaders that were already sharded (a
+    ``DistributedSampler``), keep theirs, with a warning (on every rank, as Accelerate's) that
+    names the line ``stacklevel`` frames up (3: the ``with`` statement around this call).
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> from accel.config import DataLoaderConfiguration
+        >>> from accel.distributed import ProcessContext
+        >>> from accel.data.sources import MapSource
+        >>> ctx = ProcessContext(1, 1, 2, 2, 0, torch.device("cpu"), "gloo", "none")  # rank 1
+        >>> base = DataLoader(range(3), batch_size=1)
+        >>> source = MapSource(base, rank=1, world=2, even=True, split=False, seed=0)
+        >>> dl = PreparedDataLoader(base, source, ctx=ctx, device=None,
+        ...     config=DataLoaderConfiguration(), tracker=DataTracker(), seed=0)
+        >>> with override_even_batches([dl], False):
+        ...     len(dl), dl.batch_sampler.even_batches  # batch 1 only: 3 batches, 2 ranks
+        (1, False)
+        >>> len(dl), dl.batch_sampler.even_batches  # batch 1, then a padding duplicate
+        (2, True)
+    """
+    changed: list[tuple[Any, bool]] = []
+    kept = 0
+    for loader in loaders:
+        shard = loader._source.shard_sampler()
+        if shard is None:
+            kept += 1
+            continue
+        changed.append((shard, shard.even_batches))
+        shard.even_batches = even
+    if kept:
+        warnings.warn(
+            "overriding even_batches is only supported for map-style datasets that prepare() "
+            f"shards: {kept} prepared loader(s) read an iterable dataset (or were already "
+            f"sharded by a DistributedSampler) and keep their even_batches",
+            stacklevel=stacklevel)
+    try:
+        yield
+    finally:
+        for shard, value in changed:
+            shard.even_batches = value
+
+
 class _SkippedLoader:
     """A plain iterable loader whose passes leave out their first batches."""
 
@@ -380,9 +484,10 @@ _END: Any = object()
 def skip_first_batches(loader: Any, num_batches: int) -> Any:
     """A loader whose next pass leaves out the first ``num_batches`` batches.
 
-    Works on prepared loaders (the pass keeps sharding and tracking; not needed after
-    ``load_state``, which resumes exactly by itself) and on plain ``DataLoader``s (map-style ones
-    skip at the sampler, so the skipped samples are never loaded).
+    Works on prepared loaders (the pass keeps sharding and tracking; after ``load_state`` it
+    skips from the start of the epoch, as in Accelerate; with ``use_stateful_dataloader=True``
+    the loader resumes by itself and needs no skipping) and on plain ``DataLoader``s
+    (map-style ones skip at the sampler, so the skipped samples are never loaded).
 
     Example:
         >>> from torch.utils.data import DataLoader

@@ -22,11 +22,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+)
 
 from .iterable import ChunkRounds, CountingCollate, count_samples
 from .plan import Step, rank_steps
-from .samplers import EpochRun, SeedableSampler, ShardBatchSampler, epoch_seed
+from .samplers import (
+    BatchSamplerShard,
+    EpochRun,
+    SeedableRandomSampler,
+    SeedableSampler,
+    epoch_seed,
+)
 
 __all__ = ["MapSource", "IterableSource", "PassthroughSource", "find_distributed_sampler",
            "given_batch_sampler", "rebuild_loader"]
@@ -91,9 +103,15 @@ def _warn_generators(loader: DataLoader[Any]) -> None:
 
 
 def _seedable(sampler: Any, seed: int) -> Any:
-    if hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
-        return SeedableSampler(sampler, seed)
-    return sampler
+    """A sampler drawing from a generator, made to draw epoch ``e``'s order from ``seed + e``
+    (a plain ``RandomSampler`` becomes a ``SeedableRandomSampler``, as in Accelerate)."""
+    if not hasattr(sampler, "generator") or hasattr(sampler, "set_epoch"):
+        return sampler
+    if type(sampler) is RandomSampler:
+        return SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement,
+                                     num_samples=sampler._num_samples,
+                                     generator=torch.Generator(), data_seed=seed)
+    return SeedableSampler(sampler, seed)
 
 
 def _same_sampling(loader: DataLoader[Any], generator: torch.Generator) -> DataLoader[Any]:
@@ -109,6 +127,8 @@ def _same_sampling(loader: DataLoader[Any], generator: torch.Generator) -> DataL
 
 class _Singles:
     """A sampler of single indices seen as batches of one (loaders with batch_size=None)."""
+
+    batch_size = 1
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
@@ -135,6 +155,9 @@ class _Source:
         # pass gets the same worker seeds as the uninterrupted one and the global RNG stream
         # (dropout, ...) is not disturbed by starting a pass.
         self.generator = torch.Generator()
+        #: the seedable samplers this source put in place of the user's (``set_seed`` reseeds
+        #: them; a seedable sampler the user passed keeps its own seed)
+        self.seeded: list[SeedableSampler | SeedableRandomSampler] = []
 
     def set_epoch(self, epoch: int) -> None:
         for target in self.epoch_targets:
@@ -143,13 +166,20 @@ class _Source:
 
     def set_seed(self, seed: int) -> None:
         self.seed = int(seed)
-        for target in self.epoch_targets:
-            if isinstance(target, SeedableSampler):
-                target.seed = int(seed)
+        for sampler in self.seeded:
+            if isinstance(sampler, SeedableSampler):
+                sampler.seed = int(seed)
+            else:
+                sampler.initial_seed = int(seed)
 
     def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
         """``(batch, step)`` pairs of one pass, after ``skip`` batches of this rank."""
         raise NotImplementedError
+
+    def shard_sampler(self) -> BatchSamplerShard | None:
+        """The batch sampler that shards this source (map-style sources only): its
+        ``even_batches`` can be changed between passes."""
+        return None
 
     def num_rounds(self) -> int:
         """Rounds per epoch, the same on every rank (``TypeError`` when unknown)."""
@@ -172,16 +202,15 @@ class MapSource(_Source):
                 raise ValueError("split_batches=True needs a DataLoader with a batch_size; got "
                                  "batch_size=None (the dataset yields whole batches); pass "
                                  "batch_size= or a torch BatchSampler as batch_sampler=")
-            sampler = _seedable(loader.sampler, seed)
+            sampler = self._seedable(loader.sampler, seed)
             batches: Any = _Singles(sampler)
             nominal: int | None = 1
         else:
             batches, sampler = self._batches(given, seed)
             nominal = loader.batch_size or getattr(batches, "batch_size", None)
         split_size = self._split_size(nominal, world) if split and world > 1 else None
-        self.shard = ShardBatchSampler(
-            batches, rank=rank, world=world, even=even and world > 1, split_size=split_size,
-            unit_size=nominal if isinstance(nominal, int) else None, singles=singles)
+        self.shard = BatchSamplerShard(batches, world, rank, split_batches=split_size is not None,
+                                       even_batches=even, singles=singles)
         if loader.batch_sampler is None:  # the shard's items go where the user's sampler was
             self.loader = rebuild_loader(loader, in_order=True, sampler=self.shard,
                                          batch_size=None, generator=self.generator)
@@ -193,11 +222,16 @@ class MapSource(_Source):
         self.epoch_targets = [t for t in {id(x): x for x in (sampler, batches, loader.dataset)}
                               .values() if hasattr(t, "set_epoch")]
 
-    @staticmethod
-    def _batches(batch_sampler: Any, seed: int) -> tuple[Any, Any]:
+    def _seedable(self, sampler: Any, seed: int) -> Any:
+        seeded = _seedable(sampler, seed)
+        if seeded is not sampler:
+            self.seeded.append(seeded)
+        return seeded
+
+    def _batches(self, batch_sampler: Any, seed: int) -> tuple[Any, Any]:
         """The batch sampler with its inner sampler made seedable (on a shallow copy)."""
         inner = getattr(batch_sampler, "sampler", None)
-        seeded = _seedable(inner, seed) if inner is not None else None
+        seeded = self._seedable(inner, seed) if inner is not None else None
         if seeded is inner:
             return batch_sampler, inner
         batches = copy.copy(batch_sampler)
@@ -222,6 +256,9 @@ class MapSource(_Source):
             yield batch, run.steps.popleft()
         while run.steps:
             yield None, run.steps.popleft()
+
+    def shard_sampler(self) -> BatchSamplerShard:
+        return self.shard
 
     def num_rounds(self) -> int:
         return self.shard.num_rounds()

@@ -139,8 +139,20 @@ class Strategy(ABC):
         block) is under ``no_sync``."""
         return contextlib.nullcontext()
 
-    def join(self, joinables: Iterable[Any]) -> contextlib.AbstractContextManager[Any]:
-        """Let ranks with fewer batches shadow the others' collectives (torch ``Join``)."""
+    @property
+    def joins_uneven_inputs(self) -> bool:
+        """Whether ``join`` lets ranks with fewer batches finish (several DDP processes)."""
+        return False
+
+    def join(self, joinables: Iterable[Any], enable: bool = True
+             ) -> contextlib.AbstractContextManager[Any]:
+        """Let ranks with fewer batches shadow the others' collectives (torch ``Join``), when
+        ``enable``. Strategies without it warn when distributed, as Accelerate does."""
+        if self.ctx.is_distributed:
+            warnings.warn(
+                "joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP "
+                f"training; with {self.distributed_type.value} `join_uneven_inputs` has no "
+                "effect", stacklevel=4)
         return contextlib.nullcontext()
 
     def after_backward(self) -> None:

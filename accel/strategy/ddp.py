@@ -48,14 +48,22 @@ class DDPStrategy(Strategy):
             return contextlib.nullcontext()
         return _forced_sync(model)
 
-    def join(self, joinables: Iterable[Any]) -> contextlib.AbstractContextManager[Any]:
+    @property
+    def joins_uneven_inputs(self) -> bool:
+        return self.ctx.is_distributed
+
+    def join(self, joinables: Iterable[Any], enable: bool = True
+             ) -> contextlib.AbstractContextManager[Any]:
         from torch.distributed.algorithms.join import Join, Joinable
 
-        inner = (strip_compile(j) if isinstance(j, nn.Module) else j for j in joinables)
-        ddp: list[Joinable] = [j for j in inner if isinstance(j, _DDP)]
-        if not self.ctx.is_distributed or not ddp:
+        # DDP models (also inside a compile wrapper), and any other torch Joinable (a
+        # ZeroRedundancyOptimizer); other objects (an optimizer wrapper, a model DDP did not
+        # wrap) have nothing to shadow.
+        inner = [strip_compile(j) if isinstance(j, nn.Module) else j for j in joinables]
+        joining: list[Joinable] = [j for j in inner if isinstance(j, Joinable)]
+        if not self.ctx.is_distributed or not joining:
             return contextlib.nullcontext()
-        return Join(ddp)
+        return Join(joining, enable=enable, throw_on_early_termination=False)
 
 
 def _register_comm_hook(model: nn.parallel.DistributedDataParallel,

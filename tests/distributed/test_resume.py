@@ -1,5 +1,9 @@
 """Exact resume with real processes: ``save_state`` in one job, ``load_state()`` in a new one.
 
+Loaders are prepared with ``DataLoaderConfiguration(use_stateful_dataloader=True)``, the switch
+that makes ``load_state`` restore their position (the default leaves them as Accelerate does;
+see test_data_resume.py).
+
 One training recipe (dropout, Adam, StepLR, shuffled loader, numpy and python noise, per-rank
 RNG streams) is run uninterrupted and interrupted, in fp32 and bf16. The resumed runs must
 reproduce the uninterrupted run's per-step losses, batches and final parameters bit for bit.
@@ -54,7 +58,7 @@ def _dataset() -> TensorDataset:
 
 
 def _build(rank: int, project: str, mixed_precision: str) -> dict[str, Any]:
-    from accel import Accelerator
+    from accel import Accelerator, DataLoaderConfiguration
 
     torch.manual_seed(1234)  # same initial weights everywhere
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
@@ -65,7 +69,8 @@ def _build(rank: int, project: str, mixed_precision: str) -> dict[str, Any]:
     torch.manual_seed(100 + rank)
     np.random.seed(200 + rank)
     random.seed(300 + rank)
-    acc = Accelerator(cpu=True, project_dir=project, mixed_precision=mixed_precision)
+    acc = Accelerator(cpu=True, project_dir=project, mixed_precision=mixed_precision,
+                      dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
     counter = Counter()
     acc.register_for_checkpointing(counter)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import warnings
 from collections import namedtuple
 from typing import Any
 
@@ -367,13 +368,33 @@ def test_skip_first_batches_plain_and_prepared() -> None:
     assert [b.tolist() for b in view] == full[0][2:]
     assert [b.tolist() for b in dl] == full[1]
     state = {**dl.state_dict(), "next_skip": 2, "next_epoch": 1}
-    dl.load_state_dict(state)
-    with pytest.raises(ValueError, match="already resumes"):
-        list(skip_first_batches(dl, 1))
+    dl.load_state_dict(state)  # an explicit skip wins, counted from the restored epoch's start
+    with pytest.warns(UserWarning, match="starts after batch 1 of that epoch, as asked") as rec:
+        assert [b.tolist() for b in skip_first_batches(dl, 1)] == full[1][1:]
+    assert rec[0].filename == __file__  # names the line that iterates
     dl.load_state_dict(state)  # the Accelerate habit (load, then skip as many): no double skip
     with pytest.warns(UserWarning, match="not needed"):
         assert [b.tolist() for b in skip_first_batches(dl, 2)] == full[1][2:]
     assert [b.tolist() for b in skip_first_batches(dl, 9)] == []  # not the next epoch
+    end = {**state, "next_skip": len(full[1]), "next_epoch": 1}  # saved after epoch 1's last
+    dl.load_state_dict(end)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # hand-skipping 0 batches into epoch 2 is just right
+        assert [b.tolist() for b in skip_first_batches(dl, 0)] == _epochs(
+            _prepared(DataLoader(range(9), batch_size=2, shuffle=True), seed=1), 3)[2]
+
+
+def test_set_epoch_keeps_a_restored_position_of_that_epoch() -> None:
+    full = _epochs(_prepared(DataLoader(range(9), batch_size=2, shuffle=True), seed=1), 3)
+    dl = _prepared(DataLoader(range(9), batch_size=2, shuffle=True), seed=1)
+    state = {**dl.state_dict(), "next_skip": 2, "next_epoch": 1}
+    dl.load_state_dict(state)
+    dl.set_epoch(1)  # a script that calls set_epoch(epoch) at every epoch's start
+    assert [b.tolist() for b in dl] == full[1][2:]
+    dl.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"set_epoch\(2\) drops the position"):
+        dl.set_epoch(2)
+    assert [b.tolist() for b in dl] == full[2]
 
 
 # -- tracking ------------------------------------------------------------------------------------
@@ -527,3 +548,26 @@ def test_worker_seeds_follow_seed_rank_and_epoch_not_the_global_rng() -> None:
     torch.manual_seed(123)  # the global RNG plays no part
     assert draws(0) == first and first[0] != first[1]
     assert draws(1, epochs=1)[0] != first[0] and draws(0, 7, epochs=1)[0] != first[0]
+
+
+# -- join_uneven_inputs --------------------------------------------------------------------------
+def test_join_uneven_inputs_outside_ddp() -> None:
+    """Non-DDP distributed strategies warn, as Accelerate does for everything but multi-GPU
+    (accel's DDP joins on CPU too); one process neither warns nor changes its loaders."""
+    from accel import Accelerator
+    from accel.strategy.xla import XLAStrategy
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(1, 1))
+    dl = acc.prepare(DataLoader(range(3), batch_size=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with acc.join_uneven_inputs([model], even_batches=False):
+            assert [b.tolist() for b in dl] == [[0], [1], [2]]
+    xla = XLAStrategy(_ctx(0, 2))  # 2 XLA processes: torch Join has no meaning there
+    assert not xla.joins_uneven_inputs
+    acc._step.strategy = xla  # as if this Accelerator ran on 2 XLA devices
+    with pytest.warns(UserWarning, match="only supported for multi-GPU.*with XLA") as caught, \
+            acc.join_uneven_inputs([model], even_batches=False):
+        assert len(dl) == 3  # not overridden (nothing to override in one process anyway)
+    assert caught[0].filename == __file__

@@ -275,3 +275,68 @@ def test_one_warning_says_what_ranks_without_saved_states_get() -> None:
     assert grown is not None and "written by 2 process(es)" in grown and "ranks [1]" in grown
     shrunk = _rank_state_note(path, 2, 1, frozenset({1}))  # rank 1 is not in this job
     assert shrunk is not None and "main process alone" not in shrunk
+
+
+def _loader_run(stateful: bool, loaders: int = 1) -> tuple[Accelerator, list[Any]]:
+    from accel import DataLoaderConfiguration
+
+    torch.manual_seed(3)
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=stateful))
+    return acc, [acc.prepare(DataLoader(range(8), batch_size=2, shuffle=True))
+                 for _ in range(loaders)]
+
+
+def _first_batches(loader: Any, n: int) -> list[list[int]]:
+    it = iter(loader)
+    out = [next(it).tolist() for _ in range(n)]
+    it.close()
+    return out
+
+
+def _epoch1() -> list[list[int]]:
+    reference = _loader_run(stateful=False)[1][0]
+    _first_batches(reference, 4)
+    return [b.tolist() for b in reference]
+
+
+def test_load_state_restores_loader_positions_only_when_stateful(tmp_path: Path) -> None:
+    """As Accelerate: load_state leaves loaders as they are unless use_stateful_dataloader
+    (scripts written for it skip by hand); with it, the next unseen batch comes next."""
+    acc, (loader,) = _loader_run(stateful=False)
+    epoch0 = [b.tolist() for b in loader]
+    for step, _ in enumerate(loader):  # epoch 1, saved after its second batch
+        if step == 1:
+            path = acc.save_state(str(tmp_path / "ckpt"))
+    saved = accel.checkpoint.read_state(Path(path), "rank_0/loaders")
+    assert saved[0]["next_epoch"] == 1 and saved[0]["next_skip"] == 2  # always saved
+
+    plain, (fresh, extra) = _loader_run(stateful=False, loaders=2)  # any number of loaders
+    plain.load_state(path)
+    assert _first_batches(fresh, 4) == epoch0 and _first_batches(extra, 1) == epoch0[:1]
+
+    stateful, (resumed,) = _loader_run(stateful=True)
+    stateful.load_state(path)
+    assert [b.tolist() for b in resumed] == _epoch1()[2:]
+
+    counted, _ = _loader_run(stateful=True, loaders=2)
+    with pytest.raises(CheckpointError, match="loaders: 1 saved, 2 prepared"):
+        counted.load_state(path)
+
+
+def test_a_loader_position_of_the_first_format_still_loads() -> None:
+    """Positions written before the shuffle order became Accelerate's (format version 1) load;
+    mid-epoch in a shuffled loader, with a warning that the epoch's order changed."""
+    _, (loader,) = _loader_run(stateful=True)
+    old = {"version": 1, "epoch": 1, "batches_yielded": 3, "iterating": True,
+           "next_epoch": 1, "next_skip": 3, "seed": 3, "world_size": 1, "batch_size": 2,
+           "split_batches": False}
+    with pytest.warns(UserWarning, match="shuffled in another order"):
+        loader.load_state_dict(old)
+    assert [b.tolist() for b in loader] == _epoch1()[3:]
+    assert loader.state_dict()["version"] == 2
+    plain = Accelerator(cpu=True).prepare(DataLoader(range(8), batch_size=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not shuffled: the same order as before
+        plain.load_state_dict({**old, "seed": 0})
+    assert [b.tolist() for b in plain] == [[6, 7]]

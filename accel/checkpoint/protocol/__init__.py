@@ -37,12 +37,15 @@ from .snapshot import (
     LoadedRun,
     LoadHook,
     ModelStateIO,
+    ResumableLoader,
     RunSnapshot,
     SaveHook,
     Stateful,
     check_registrable,
     component_counts,
+    restored_loaders,
 )
 
-__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "RunSnapshot", "SaveHook", "Stateful",
-           "check_registrable", "component_counts", "load_run", "save_run"]
+__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "ResumableLoader", "RunSnapshot", "SaveHook",
+           "Stateful", "check_registrable", "component_counts", "load_run", "restored_loaders",
+           "save_run"]

@@ -1,9 +1,10 @@
 """``load_run``: every rank restores the same checkpoint, or every rank raises.
 
 Rank 0 resolves which checkpoint (``input_dir``, else the newest complete one under the
-project) and broadcasts it; each rank loads the shared components and its own RNG state and
-loader positions; the ranks' outcomes are gathered, so a failure on one rank raises on all of
-them, and ranks that read different checkpoints (no shared filesystem) are caught.
+project) and broadcasts it; each rank loads the shared components, its own RNG state and (for
+loaders with ``use_stateful_dataloader``) its loader positions; the ranks' outcomes are
+gathered, so a failure on one rank raises on all of them, and ranks that read different
+checkpoints (no shared filesystem) are caught.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from ..storage import (
     read_manifest,
     read_state,
 )
-from .snapshot import LoadedRun, ModelStateIO, RunSnapshot, Stateful, component_counts
+from .snapshot import (
+    LoadedRun,
+    ModelStateIO,
+    RunSnapshot,
+    Stateful,
+    component_counts,
+    restored_loaders,
+)
 
 __all__ = ["load_run"]
 
@@ -45,6 +53,8 @@ def _check_counts(manifest: Manifest, snap: RunSnapshot, models: int) -> None:
     saved, prepared = manifest.meta.get("counts"), dict(component_counts(snap), models=models)
     if not isinstance(saved, dict):
         return  # written without counts: each component is still checked on its own
+    if not restored_loaders(snap):  # positions unused (as in Accelerate): any number is fine
+        prepared.pop("loaders")
     differ = {k: (saved.get(k), n) for k, n in prepared.items() if saved.get(k, n) != n}
     if differ:
         found = ", ".join(f"{k}: {old} saved, {new} prepared" for k, (old, new) in differ.items())
@@ -164,22 +174,24 @@ def _absent_ranks(manifest: Manifest) -> frozenset[int]:
         frozenset()
 
 
-def _rank_state_note(path: Path, saved_world: int, world: int, absent: frozenset[int]
-                     ) -> str | None:
-    """The one warning about ranks that get no saved RNG state (None: every rank has its own)."""
+def _rank_state_note(path: Path, saved_world: int, world: int, absent: frozenset[int],
+                     positions: bool = True) -> str | None:
+    """The one warning about ranks that get no saved RNG state (None: every rank has its own);
+    ``positions``: loaders restore their positions (use_stateful_dataloader)."""
     unsaved = sorted(r for r in absent if r < world)
+    resume = ", and their data loaders resume from rank 0's position" if positions else ""
     alone = (f"it was saved by the main process alone (save_state() under `if accelerator."
              f"is_main_process:`), so ranks {unsaved} have no saved RNG state and are seeded "
-             "deterministically from the step, and their data loaders resume from rank 0's "
-             "position") if unsaved else ""
+             f"deterministically from the step{resume}") if unsaved else ""
     if saved_world == world:
         return f"checkpoint {path}: {alone}" if alone else None
     change = (f"the RNG states of ranks {world}..{saved_world - 1} are dropped"
               if world < saved_world else
               f"ranks {saved_world}..{world - 1} are seeded deterministically from the step")
+    converted = "; data loader positions are converted from rank 0's" if positions else ""
     return (f"checkpoint {path} was written by {saved_world} process(es), this job has {world}: "
-            f"model, optimizer, scheduler and registered state are loaded; {change}; data "
-            "loader positions are converted from rank 0's" + (f"; {alone}" if alone else ""))
+            f"model, optimizer, scheduler and registered state are loaded; {change}{converted}"
+            + (f"; {alone}" if alone else ""))
 
 
 def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
@@ -187,8 +199,9 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
     """This rank's RNG state and loader positions (rank 0's positions if the world changed, or
     if this rank's were not saved)."""
     saved_world = ld.manifest.world_size
+    restore = restored_loaders(snap)
     absent = _absent_ranks(ld.manifest)
-    note = _rank_state_note(ld.path, saved_world, world, absent) if is_main else None
+    note = _rank_state_note(ld.path, saved_world, world, absent, restore) if is_main else None
     if note is not None:
         warnings.warn(note, stacklevel=_RUN_DEPTH - 2)
     own = rank < saved_world and rank not in absent
@@ -197,7 +210,7 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                                                        snap.device))
     else:
         rng.seed_everything(rng.rank_seed(ld.manifest.step, rank), snap.device)
-    if not snap.loaders or _no_loader_positions(ld, is_main):
+    if not restore or _no_loader_positions(ld, is_main):  # no loader asks for its position
         return
     source = rank if saved_world == world and own else 0
 
@@ -208,7 +221,8 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                              f"{len(snap.loaders)} loader(s) are prepared; prepare the same "
                              "loaders in the same order before load_state()")
         for loader, state in zip(snap.loaders, states, strict=True):
-            loader.load_state_dict(state)
+            if loader.use_stateful_dataloader:
+                loader.load_state_dict(state)
 
     ld.run(f"rank_{source}/loaders", loaders)
 

@@ -19,8 +19,8 @@ from torch import nn
 
 from ...device import Device
 
-__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "RunSnapshot", "SaveHook", "Stateful",
-           "check_registrable", "component_counts"]
+__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "ResumableLoader", "RunSnapshot", "SaveHook",
+           "Stateful", "check_registrable", "component_counts", "restored_loaders"]
 
 #: ``hook(models, weights, output_dir)``, Accelerate's ``register_save_state_pre_hook``: called on
 #: every rank before the models are written; it may save models itself (into ``output_dir``,
@@ -38,6 +38,16 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
+
+
+@runtime_checkable
+class ResumableLoader(Stateful, Protocol):
+    """A prepared data loader. Its position is always saved; ``load_run`` restores it only when
+    ``use_stateful_dataloader`` is true (Accelerate's switch: without it Accelerate restores no
+    loader, and scripts written for it skip the batches already seen by hand)."""
+
+    @property
+    def use_stateful_dataloader(self) -> bool: ...
 
 
 class ModelStateIO(Protocol):
@@ -69,7 +79,7 @@ class RunSnapshot:
     models: tuple[nn.Module, ...]  # as prepared (possibly wrapped); only used through model_io
     optimizers: tuple[Stateful, ...]
     schedulers: tuple[Stateful, ...]
-    loaders: tuple[Stateful, ...]
+    loaders: tuple[ResumableLoader, ...]
     custom: tuple[Stateful, ...]  # register_for_checkpointing objects
     scaler: Stateful  # precision state; state_dict() == {} means "none" (nothing written)
     model_io: ModelStateIO
@@ -103,6 +113,13 @@ def check_registrable(obj: object) -> Stateful:
         raise TypeError(f"{type(obj).__name__} has no state_dict()/load_state_dict(); "
                         "only such objects can be registered for checkpointing")
     return obj  # type: ignore[return-value]  # checked structurally above
+
+
+def restored_loaders(snap: RunSnapshot) -> bool:
+    """Whether ``load_run`` reads loader positions: when any loader asks for it (positions are
+    matched by index, so the numbers of loaders must then agree; each loader that asks is
+    restored)."""
+    return any(loader.use_stateful_dataloader for loader in snap.loaders)
 
 
 def component_counts(snap: RunSnapshot) -> dict[str, int]:

@@ -15,7 +15,7 @@ import sys
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Accelerator
+from accel import Accelerator, DataLoaderConfiguration
 
 EPOCHS = 3
 SAVE_EVERY = 4
@@ -42,7 +42,8 @@ def main() -> None:
     data = TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]))
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    accelerator = Accelerator(cpu=True, project_dir=project)
+    accelerator = Accelerator(cpu=True, project_dir=project, dataloader_config=(
+        DataLoaderConfiguration(use_stateful_dataloader=True)))  # resume mid-epoch exactly
     model, optimizer, loader = accelerator.prepare(
         model, optimizer, DataLoader(data, batch_size=4, shuffle=True))
     progress = Progress()

@@ -1,0 +1,172 @@
+"""``accel.data_loader``: the names scripts import from ``accelerate.data_loader``.
+
+``prepare_data_loader`` builds any rank's shard in one process (``num_processes=``,
+``process_index=``), so the shards of every rank are checked here without a process group; the
+same shards and shuffle orders as Accelerate 1.15's are checked against Accelerate itself (run
+in a child process so that its state objects stay out of this one).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+from accel.data_loader import (
+    BatchSamplerShard,
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    prepare_data_loader,
+    skip_first_batches,
+)
+
+#: (samples, batch size, shuffle, split_batches, even_batches) on 2 processes
+CASES = [(n, bs, shuffle, split, even) for n in (1, 5, 7, 13, 16) for bs in (2, 4)
+         for shuffle in (False, True) for split in (False, True) for even in (False, True)]
+
+
+def _shards(n: int, bs: int, shuffle: bool, split: bool, even: bool) -> list[list[list[int]]]:
+    """Two epochs of every rank's batches (as lists), built in this one process."""
+    out = []
+    for rank in range(2):
+        dl = prepare_data_loader(DataLoader(range(n), batch_size=bs, shuffle=shuffle),
+                                 num_processes=2, process_index=rank, split_batches=split,
+                                 even_batches=even, use_seedable_sampler=True, data_seed=7)
+        out.append([b.tolist() for _ in range(2) for b in dl])
+    return out
+
+
+def test_prepare_data_loader_shards_for_any_rank() -> None:
+    first, second = _shards(10, 2, False, False, True)
+    assert first == [[0, 1], [4, 5], [8, 9]] * 2 and second == [[2, 3], [6, 7], [0, 1]] * 2
+    first, second = _shards(8, 4, False, True, True)
+    assert first == [[0, 1], [4, 5]] * 2 and second == [[2, 3], [6, 7]] * 2
+    shuffled = _shards(10, 2, True, False, False)
+    epoch0 = [x for k in range(3) for r in range(2) if k < 5 // 2 + (r < 1)
+              for x in shuffled[r][k]]
+    assert sorted(epoch0) == list(range(10)) and epoch0 != list(range(10))
+    dl = prepare_data_loader(DataLoader(range(4), batch_size=2), torch.device("meta"),
+                             put_on_device=True)
+    assert isinstance(dl, DataLoaderShard) and next(iter(dl)).device.type == "meta"
+    assert next(iter(prepare_data_loader(DataLoader(range(4), batch_size=2),
+                                         torch.device("meta")))).device.type == "cpu"
+
+
+def test_prepared_batch_sampler_is_accelerates_shard() -> None:
+    class Batches:  # a user's batch sampler without a torch base class
+        batch_size = 2
+
+        def __iter__(self) -> Any:
+            return iter([[0, 1], [2, 3], [4, 5]])
+
+        def __len__(self) -> int:
+            return 3
+
+    dl = prepare_data_loader(DataLoader(range(6), batch_sampler=Batches()), num_processes=2,
+                             process_index=1)
+    shard = dl.batch_sampler
+    assert isinstance(shard, BatchSamplerShard) and isinstance(shard.batch_sampler, Batches)
+    assert (shard.num_processes, shard.process_index, shard.split_batches, shard.even_batches,
+            shard.batch_size, shard.drop_last) == (2, 1, False, True, 2, False)
+    shuffled = prepare_data_loader(DataLoader(range(6), batch_size=1, shuffle=True),
+                                   num_processes=2, process_index=0)
+    assert isinstance(shuffled.batch_sampler.batch_sampler.sampler, SeedableRandomSampler)
+    shard.even_batches = False  # what join_uneven_inputs(even_batches=False) does
+    assert [b.tolist() for b in dl] == [[2, 3]] and len(dl) == 1
+    shard.even_batches = True
+    assert [b.tolist() for b in dl] == [[2, 3], [0, 1]] and len(dl) == 2
+
+
+def test_prepare_data_loader_refuses_what_accel_does_not_do() -> None:
+    dl = DataLoader(range(4), batch_size=2)
+    with pytest.raises(ValueError, match="dispatch_batches=True is not supported"):
+        prepare_data_loader(dl, put_on_device=True, dispatch_batches=True)
+    with pytest.raises(NotImplementedError, match="torch_device_mesh"):
+        prepare_data_loader(dl, torch_device_mesh=object())
+    with pytest.raises(ValueError, match="process_index=2 is not a rank of num_processes=2"):
+        prepare_data_loader(dl, num_processes=2, process_index=2)
+    with pytest.warns(UserWarning, match="slice_fn_for_dispatch=...\\) is ignored") as caught:
+        prepare_data_loader(dl, slice_fn_for_dispatch=lambda *a, **k: a[0])
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # accepted and unused, as by Accelerator(rng_types=...)
+        prepare_data_loader(dl, rng_types=["generator"], use_seedable_sampler=True)
+
+
+@pytest.mark.parametrize("name", ["DataLoaderDispatcher", "IterableDatasetShard"])
+def test_names_accel_does_not_offer_raise_when_used(name: str) -> None:
+    cls = {"DataLoaderDispatcher": DataLoaderDispatcher,
+           "IterableDatasetShard": IterableDatasetShard}[name]
+    with pytest.raises(NotImplementedError, match=f"{name} is not offered by accel.*prepare"):
+        cls(range(4), batch_size=2)
+    # importing and isinstance checks keep working (accel never makes one)
+    assert not isinstance(prepare_data_loader(DataLoader(range(4), batch_size=2)), cls)
+
+
+def test_seedable_random_sampler_orders() -> None:
+    sampler = SeedableRandomSampler(range(10), data_seed=5)
+    orders = [list(sampler) for _ in range(3)]  # each finished pass moves to the next epoch
+    for epoch, order in enumerate(orders):  # epoch e draws from data_seed + e
+        generator = torch.Generator().manual_seed(5 + epoch)
+        assert order == list(RandomSampler(range(10), generator=generator))
+    sampler.set_epoch(1)
+    assert list(sampler) == orders[1]
+    torch.manual_seed(11)
+    assert SeedableRandomSampler(range(3)).initial_seed == 11
+    drawn = list(SeedableRandomSampler(range(4), replacement=True, num_samples=9, data_seed=0))
+    assert len(drawn) == 9 and set(drawn) <= set(range(4))
+    # a prepared shuffled loader in one process: that order, epoch after epoch
+    dl = prepare_data_loader(DataLoader(range(10), batch_size=10, shuffle=True), data_seed=5)
+    assert [next(iter(dl)).tolist() for _ in range(3)] == orders
+
+
+def test_accelerates_constructors() -> None:
+    batches = BatchSampler(SequentialSampler(range(8)), batch_size=4, drop_last=False)
+    assert list(BatchSamplerShard(batches, 2, 0)) == [[0, 1, 2, 3]]
+    assert list(BatchSamplerShard(batches, 2, 1, split_batches=True)) == [[2, 3], [6, 7]]
+    assert BatchSamplerShard(batches, 2, 0).total_length == 2
+    with pytest.raises(ValueError, match="multiple of 3"):
+        BatchSamplerShard(batches, 3, 0, split_batches=True)
+    skipped = SkipBatchSampler(batches, skip_batches=1)
+    assert list(skipped) == [[4, 5, 6, 7]] and len(skipped) == 1 and skipped.total_length == 2
+    assert [b.tolist() for b in skip_first_batches(DataLoader(range(5), batch_size=2), 2)] == [
+        [4]]
+
+
+_ACCELERATE_SIDE = textwrap.dedent("""
+    import json, sys
+    from torch.utils.data import DataLoader
+    from accelerate.data_loader import prepare_data_loader
+    out = []
+    for n, bs, shuffle, split, even in json.loads(sys.argv[1]):
+        ranks = []
+        for rank in range(2):
+            dl = prepare_data_loader(DataLoader(range(n), batch_size=bs, shuffle=shuffle),
+                                     num_processes=2, process_index=rank, split_batches=split,
+                                     even_batches=even, use_seedable_sampler=True, data_seed=7)
+            ranks.append([b.tolist() for _ in range(2) for b in dl])
+        out.append(ranks)
+    print(json.dumps(out))
+""")
+
+
+def test_same_shards_and_orders_as_accelerate() -> None:
+    """Accelerate 1.15 (the ``accelerate`` test dependency) and accel give every rank the same
+    batches, epoch after epoch, for ``use_seedable_sampler=True`` and the same seed: accel
+    always shuffles that way (Accelerate's default draws its seed from the global RNG)."""
+    pytest.importorskip("accelerate", minversion="1.15", reason="pip install '.[test]'")
+    done = subprocess.run([sys.executable, "-c", _ACCELERATE_SIDE, json.dumps(CASES)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    theirs = json.loads(done.stdout.splitlines()[-1])
+    for case, expected in zip(CASES, theirs, strict=True):
+        assert _shards(*case) == expected, f"(samples, batch, shuffle, split, even) = {case}"
