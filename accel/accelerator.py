@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import sys
 from collections.abc import Callable
@@ -25,8 +26,8 @@ import torch
 from torch import nn
 
 from ._parse import parse_int
-from .accelerate_attrs import AccelerateAttributes
 from .accumulation import AccumulationState
+from .attributes import AccelerateAttributes
 from .checkpointing import CheckpointingMixin
 from .config import (
     AutocastKwargs,
@@ -136,6 +137,16 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
     @property
     def dataloader_config(self) -> DataLoaderConfiguration:
         return self._options.dataloader_config
+
+    @dataloader_config.setter
+    def dataloader_config(self, config: DataLoaderConfiguration) -> None:
+        """Data loaders prepared from now on use ``config``; loaders prepared already keep theirs
+        (as in Accelerate)."""
+        if not isinstance(config, DataLoaderConfiguration):
+            raise TypeError("dataloader_config must be a DataLoaderConfiguration, got "
+                            f"{type(config).__name__}")
+        self._options = dataclasses.replace(self._options, dataloader_config=config)
+        self._prep = dataclasses.replace(self._prep, dataloader_config=config)
 
     @property
     def project_configuration(self) -> ProjectConfiguration:

@@ -28,7 +28,7 @@ LATE_SECONDS = 3.0  # rank 1 arrives this late at a save that every rank calls
 
 
 def _setup(rank: int) -> tuple[Any, ...]:
-    from accel import Accelerator
+    from accel import Accelerator, DataLoaderConfiguration
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=g)
@@ -37,7 +37,9 @@ def _setup(rank: int) -> tuple[Any, ...]:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    acc = Accelerator(cpu=True)
+    # exact resume (loader positions restored), so that rank 1's loader can be checked
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=True))
     torch.manual_seed(100 + rank)  # each rank its own RNG stream
     model, opt, loader, sched = acc.prepare(model, opt, DataLoader(data, 4, shuffle=True), sched)
     return acc, model, opt, iter(loader), sched

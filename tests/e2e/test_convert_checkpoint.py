@@ -13,6 +13,7 @@ import json
 import random
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -66,8 +67,12 @@ def _restore(ckpt: Path, mixed_precision: str) -> dict[str, Any]:
     model0, model1, opt0, opt1, sched, loader = acc.prepare(*script.build())
     tracker = script.Tracker()
     acc.register_for_checkpointing(tracker)
-    with pytest.warns(UserWarning, match="no data loader positions"):
+    # The loader is not stateful (Accelerate's default): it starts its epoch over, as under
+    # Accelerate, and the checkpoint's lack of loader positions needs no warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert acc.load_state(str(ckpt)) == str(ckpt)
+    assert not [w for w in caught if "loader positions" in str(w.message)]
     draws = {"python": random.random(), "numpy": np.random.rand(3).tolist(),
              "torch": torch.rand(5)}
     return {"models": [acc.get_state_dict(model0), acc.get_state_dict(model1)],

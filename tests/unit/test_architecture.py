@@ -96,7 +96,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/utils/random.py", "L5"),
     ("accel/data_loader.py", "L5"),  # Accelerate's accelerate.data_loader names, over L0-L4
     ("accel/checkpointing.py", "L5"),  # the facade's checkpoint methods (a mixin of it)
-    ("accel/accelerate_attrs.py", "L5"),  # Accelerate's read-only Accelerator attributes (mixin)
+    ("accel/attributes.py", "L5"),  # Accelerate's read-only Accelerator attributes (mixin)
     ("accel/accelerator.py", "L5"),
     ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4
     ("accel/local_sgd.py", "L5"),  # LocalSGD: drives an Accelerator (no_sync, reduce)

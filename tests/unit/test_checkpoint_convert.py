@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader
 
-from accel import Accelerator
+from accel import Accelerator, DataLoaderConfiguration
 from accel.checkpoint import (
     CheckpointError,
     CheckpointWriter,
@@ -192,8 +192,10 @@ def test_loaders_unknown_files_and_missing_ranks_are_reported(tmp_path: Path) ->
     doc = report.to_json()
     assert json.loads(json.dumps(doc)) == doc and doc["ok"] is True
     assert doc["converted"] == ["model.safetensors", "random_states_0.pkl", "random_states_2.pkl"]
-    # accel resumes it, leaving the prepared loader where it is (as Accelerate's load_state)
-    accelerator = Accelerator(cpu=True)
+    # accel resumes it, leaving the prepared loader where it is (as Accelerate's load_state);
+    # a loader that asks for exact resume is told that the checkpoint has no position for it
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+        use_stateful_dataloader=True))
     model, loader = accelerator.prepare(nn.Linear(2, 2), DataLoader(list(range(10)),
                                                                     batch_size=2))
     with warnings.catch_warnings(record=True) as caught:
