@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -446,6 +447,13 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         Join is enabled when batches are not evened out. Other distributed types warn and run
         the block unchanged, as in Accelerate.
         """
+        if self.distributed_type is not self._rt.strategy.distributed_type:
+            # state.distributed_type was set (Accelerate's tests do): answer for that type
+            warnings.warn("joining uneven inputs is only supported for multi-GPU (and multi-CPU) "
+                          "DDP training, and this Accelerator reports distributed_type="
+                          f"{self.distributed_type.value}: join_uneven_inputs has no effect",
+                          stacklevel=2)
+            return contextlib.nullcontext()
         return self._step.join_uneven_inputs(joinables, even_batches,
                                              self.dataloader_config.even_batches)
 

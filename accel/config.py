@@ -296,8 +296,8 @@ class DataLoaderConfiguration:
       does (epoch ``e`` draws from ``data_seed + e``), so this flag changes nothing.
     - ``data_seed``: the shuffle seed; by default rank 0's ``torch.initial_seed()``.
     - ``dispatch_batches`` exists for signature compatibility with Accelerate; accel always
-      lets every rank read its own shard (batches with varying shapes keep working), so only
-      ``None`` and ``False`` are accepted.
+      lets every rank read its own shard (batches with varying shapes keep working), so
+      preparing a data loader with ``dispatch_batches=True`` raises, saying so.
     """
 
     split_batches: bool = False
@@ -309,11 +309,6 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise ValueError(
-                "dispatch_batches=True is not supported: accel has every rank read its own shard "
-                "(it keeps batches of varying shape working); drop the argument"
-            )
         if self.data_seed is not None and not isinstance(self.data_seed, int):
             raise TypeError(f"data_seed must be an int, got {self.data_seed!r}")
 

@@ -108,6 +108,11 @@ class PartialState:
 
     _process: _Process
 
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        """Accelerate's tests call this to forget the shared state between two Accelerators.
+        accel keeps none (each object is a view), so there is nothing to reset."""
+
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self._process = _connect(cpu, kwargs)[0]
 
@@ -365,6 +370,11 @@ class GradientState:
     """
 
     _run: RunState
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Accelerate's tests call this between runs; a ``GradientState`` is a view of one
+        run's state, so there is nothing shared to reset."""
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
                  ) -> None:

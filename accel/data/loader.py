@@ -352,6 +352,11 @@ def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: C
         >>> len(dl), dl.total_batch_size
         (2, 2)
     """
+    if config.dispatch_batches:
+        raise ValueError(
+            "DataLoaderConfiguration(dispatch_batches=True) is not supported: accel has every "
+            "rank read its own shard (it keeps batches of varying shape working); drop the "
+            "argument")
     if isinstance(loader, PreparedDataLoader):
         if loader._tracker is tracker:
             return loader

@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
@@ -98,6 +99,13 @@ class Attendance:
         self.timeout = timeout.total_seconds() if timeout is not None else 1800.0
         self._calls = 0  # this rank's arrivals (their nonces)
         self._taken: set[int] = set()  # operations this rank took part in or took the outcome of
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy in another process (a DataLoader worker started with spawn that captured the
+        # Accelerator) cannot reach this job's store: it is built on the copied monitor, which
+        # has no store, and so never convenes anyone.
+        timeout = timedelta(seconds=self.timeout)
+        return (Attendance, (self.monitor, self.level_wait, self.behind_wait, timeout))
 
     # -- rank 0 ----------------------------------------------------------------------------------
     def convene(self) -> Roll:

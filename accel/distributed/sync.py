@@ -77,6 +77,12 @@ def _slice(n: int, ctx: ProcessContext) -> tuple[int, int]:
     return start, start + per + (1 if ctx.rank < extra else 0)
 
 
+def _is_selectable(inputs: Any) -> bool:
+    """A table of rows with ``select(indices)`` and ``len()`` (Hugging Face ``datasets``)."""
+    return callable(getattr(inputs, "select", None)) and hasattr(inputs, "__len__") \
+        and not isinstance(inputs, (list, tuple, torch.Tensor, Mapping))
+
+
 def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False) -> Any:
     """This rank's contiguous share of a list, tuple, tensor, or dict of those.
 
@@ -92,9 +98,16 @@ def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False
         # Mapping itself declares no constructor arguments; dict and its subclasses take a dict.
         factory: Callable[[dict[Any, Any]], Any] = type(inputs)
         return factory({k: split_for_rank(ctx, v, apply_padding) for k, v in inputs.items()})
+    if _is_selectable(inputs):  # a Hugging Face datasets.Dataset: select rows, no copy
+        n = len(inputs)
+        start, end = _slice(n, ctx)
+        rows = list(range(start, end))
+        if apply_padding and n:
+            rows += [n - 1] * (-(-n // ctx.world_size) - len(rows))
+        return inputs.select(rows)
     if not isinstance(inputs, (list, tuple, torch.Tensor)):
-        raise TypeError(f"split_between_processes needs a list, tuple, tensor or dict of those, "
-                        f"got {type(inputs).__name__}")
+        raise TypeError(f"split_between_processes needs a list, tuple, tensor, a dict of those "
+                        f"or a datasets.Dataset, got {type(inputs).__name__}")
     n = len(inputs)
     start, end = _slice(n, ctx)
     part = inputs[start:end]

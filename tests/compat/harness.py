@@ -59,7 +59,9 @@ def __accel_compat_record__(label, thunk):
     try:
         thunk()
         error = None
-    except Exception:
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # also pytest's Failed and SystemExit: a failed test function
         error = _ctb.format_exc(limit=-3)
     seconds = _ct.perf_counter() - start
     record = {"label": f"{label}#{n}", "rank": int(rank), "ok": error is None,

@@ -62,9 +62,18 @@ def test_to_timedelta_rejects_other_types(value: object) -> None:
         to_timedelta(value)  # type: ignore[arg-type]
 
 
-def test_dataloader_configuration_rejects_dispatch_batches() -> None:
-    with pytest.raises(ValueError, match="dispatch_batches=True is not supported.*drop"):
-        DataLoaderConfiguration(dispatch_batches=True)
+def test_dataloader_configuration_refuses_dispatch_batches_where_it_is_used() -> None:
+    """The configuration is accepted (Accelerate's scripts build it before they know the
+    device); preparing a data loader with it is refused, naming the fix."""
+    from torch.utils.data import DataLoader
+
+    from accel import Accelerator
+
+    config = DataLoaderConfiguration(dispatch_batches=True)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    assert accelerator.dispatch_batches is False
+    with pytest.raises(ValueError, match="dispatch_batches=True.* is not supported.*drop"):
+        accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
     assert DataLoaderConfiguration(dispatch_batches=False).dispatch_batches is False
     assert DataLoaderConfiguration().even_batches is True
 
