@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "GeneralTracker": "accel.tracking",
     "debug_launcher": "accel.launch.notebook",
     "find_executable_batch_size": "accel.memory",
+    "is_rich_available": "accel.availability",
     "free_memory": "accel.memory",
     "get_logger": "accel.logging",
     "load": "accel.checkpoint",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import InitProcessGroupKwargs as InitProcessGroupKwargs
     from .config import PrecisionType as PrecisionType
     from .config import ProjectConfiguration as ProjectConfiguration
+    from .availability import is_rich_available as is_rich_available
     from .data import skip_first_batches as skip_first_batches
     from .dynamo import TorchDynamoPlugin as TorchDynamoPlugin
     from .launch.notebook import debug_launcher as debug_launcher

@@ -64,9 +64,11 @@ __all__ = ["Arguments", "Handlers", "Options", "ProcessSetup", "Runtime", "UNSUP
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
 UNSUPPORTED_ARGUMENTS = {
-    "deepspeed_plugin": "DeepSpeed is not supported; use DDP (the default) or FSDP directly",
+    "deepspeed_plugin": "DeepSpeed is not supported; use DDP (the default)",
     "deepspeed_plugins": "DeepSpeed is not supported; use DDP (the default)",
-    "fsdp_plugin": "FSDP is not supported yet; wrap the model with torch FSDP yourself",
+    "fsdp_plugin": "FSDP is not supported yet (FSDP2 is planned); use DDP, the default, for now",
+    "parallelism_config": "ParallelismConfig (composable data/tensor/context parallelism) is not "
+                          "supported yet; use DDP, the default",
     "megatron_lm_plugin": "Megatron-LM is not supported",
     "torch_tp_plugin": "tensor parallelism is not supported",
     "split_batches": "pass dataloader_config=DataLoaderConfiguration(split_batches=...)",

@@ -8,6 +8,7 @@ own code; tests/compat/test_migration_table.py checks that README.md holds exact
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import re
 import sys
@@ -42,7 +43,8 @@ NOT_PROVIDED: list[tuple[str, str]] = [
     (r"(?i)fsdp|FullyShardedDataParallel|ParallelismConfig|parallelism_config|TensorParallel|"
      r"ContextParallel|model_has_dtensor|get_model_tp_size", _FSDP),
     (r"(?i)fp8|TERecipe|MSAMP|AORecipe|_ao$|ao_layers|torchao|transformer_engine|bnb|"
-     r"quantiz|filter_first_and_last_linear_layers|CustomDtype|^convert_model$|lomo", _FP8),
+     r"quantiz|filter_first_and_last_linear_layers|CustomDtype|^convert_model$", _FP8),
+    (r"(?i)lomo", "the LOMO optimizer integration is not supported"),
     (r"(?i)device_map|offload|tied_param|retie|balanced_memory|max_memory|module_sizes|"
      r"max_layer_size|module_tensor|align_module_device|checkpoint_in_model|maximum_sizes|"
      r"find_tied|dtype_byte_size|file_size_to_int|submodules_state_dict|id_tensor_storage|"
@@ -71,7 +73,6 @@ NOT_PROVIDED: list[tuple[str, str]] = [
     (r"^(data_loader|optimizer|scheduler)$",
      "module path: accel has `accel.data_loader`, `accel.wrappers` (optimizer and scheduler "
      "wrappers)"),
-    (r"^is_rich_available$", "accel does not use rich; probe it in `accel.utils`"),
     (r"^cpu_offload|^disk_offload|^load_checkpoint_and_dispatch$|^infer_auto_device_map$",
      _BIG),
 ]
@@ -89,11 +90,21 @@ def _reason(name: str) -> str:
                    "reason in tests/compat/migration_table.py NOT_PROVIDED")
 
 
+def _has(owner: object, name: str) -> bool:
+    """``owner`` has ``name``, or (for a package) a submodule of that name can be imported."""
+    if hasattr(owner, name):
+        return True
+    if isinstance(owner, ModuleType) and hasattr(owner, "__path__"):
+        return importlib.util.find_spec(f"{owner.__name__}.{name}") is not None
+    return False
+
+
 def classify(names: list[str], has: object) -> tuple[list[str], dict[str, list[str]]]:
     """(names accel has, {reason: names it does not have})."""
-    accepted, refused = [], {}
+    accepted: list[str] = []
+    refused: dict[str, list[str]] = {}
     for name in names:
-        if hasattr(has, name):
+        if _has(has, name):
             accepted.append(name)
         else:
             refused.setdefault(_reason(name), []).append(name)

@@ -29,6 +29,17 @@ pytestmark = pytest.mark.slow
 
 #: Test functions that do not pass under accel, and why. Keys are the harness's labels.
 DIFFERS: dict[str, str] = {
+    # accel never dispatches batches from rank 0: every rank reads its own shard (batches of
+    # varying shape keep working). Preparing a loader with dispatch_batches=True raises.
+    "test_script.py::central_dl_preparation_check()#1": "differs on purpose: dispatch_batches",
+    "external_deps/test_metrics.py::test_torch_metrics(accelerator, 99)#1":
+        "differs on purpose: dispatch_batches (split_batches=True)",
+    "external_deps/test_metrics.py::test_torch_metrics(accelerator, 99)#3":
+        "differs on purpose: dispatch_batches (split_batches=False)",
+    # The test checks that AcceleratorState._reset_state() breaks an existing Accelerator
+    # (Accelerate's shared singleton state). accel keeps no shared state: nothing breaks.
+    "test_script.py::test_reinstantiated_state()#1":
+        "differs on purpose: no shared state, so _reset_state() breaks nothing",
     # accel's accumulation takes the mean over the micro-batches a group really has; the
     # script's reference divides the last, short group (1 of 2 micro-batches) by 2 as well.
     "test_sync.py::test_gradient_accumulation_with_opt_and_scheduler()#1":
@@ -40,11 +51,14 @@ DIFFERS: dict[str, str] = {
        "(and the BF16 hook needs NCCL)" for i in range(1, 11)},
 }
 
-#: Accelerate 1.15.0 on this machine (2 CPU processes, gloo), same harness, one job per test
-#: function: passes per script.
+#: Accelerate 1.15.0 on this machine (2 CPU processes, gloo, ACCELERATE_USE_CPU=1, torchrun),
+#: same harness, one job per test function, measured 2026-11-24: passes per script. Its
+#: failures: the three join_uneven_inputs(even_batches=...) overrides (Join is a no-op on
+#: MULTI_CPU), test_can_join_uneven_inputs (hangs until the job's timeout), the two stateful
+#: loader tests (they need torchdata), and the ten comm-hook runs (GPU-only reference).
 ACCELERATE_PASSES = {
     "test_script.py": 18, "test_sync.py": 4, "test_ops.py": 10,
-    "test_distributed_data_loop.py": 0, "external_deps/test_metrics.py": 6,
+    "test_distributed_data_loop.py": 8, "external_deps/test_metrics.py": 6,
     "test_ddp_comm_hook.py": 0,
 }
 

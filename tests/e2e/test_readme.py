@@ -77,7 +77,13 @@ MULTI_NODE = tuple(
 MPIRUN = "mpirun -np 2 python train.py"
 
 #: run by another test file (checked to exist below)
-ELSEWHERE = {"accel test": ("tests/e2e/test_launch.py", "test_accel_test_self_check")}
+ELSEWHERE = {
+    "accel test": ("tests/e2e/test_launch.py", "test_accel_test_self_check"),
+    # converts a real Accelerate checkpoint (needs `accelerate`, in the test extra)
+    "accel convert-checkpoint ACCELERATE_DIR OUT_DIR": (
+        "tests/e2e/test_convert_checkpoint.py",
+        "test_safetensors_checkpoint_converts_and_resumes_exactly"),
+}
 
 #: commands that cannot run on this machine, and how each is checked instead
 NOT_HERE = {

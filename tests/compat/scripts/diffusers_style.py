@@ -105,7 +105,10 @@ def main():
     def save_model_hook(models, weights, output_dir):
         if accelerator.is_main_process:
             for i, model in enumerate(models):
-                model.save_pretrained(os.path.join(output_dir, "unet"))
+                if isinstance(unwrap_model(model), type(unwrap_model(unet))):
+                    unwrap_model(model).save_pretrained(os.path.join(output_dir, "unet"))
+                else:
+                    raise ValueError(f"unexpected save model: {model.__class__}")
                 # make sure to pop weight so that corresponding model is not saved again
                 weights.pop()
 
@@ -113,7 +116,7 @@ def main():
         for _ in range(len(models)):
             model = models.pop()
             load_model = TinyUNet.from_pretrained(os.path.join(input_dir, "unet"))
-            model.load_state_dict(load_model.state_dict())
+            unwrap_model(model).load_state_dict(load_model.state_dict())
             del load_model
 
     accelerator.register_save_state_pre_hook(save_model_hook)
