@@ -63,7 +63,7 @@ def _ctx(rank: int = 0, world: int = 1) -> ProcessContext:
 
 def _prepared(loader: DataLoader, rank: int = 0, world: int = 1, seed: int = 0,
               **config: Any) -> PreparedDataLoader:
-    cfg = DataLoaderConfiguration(**config)
+    cfg = DataLoaderConfiguration(**{"use_seedable_sampler": True, **config})
     ctx = _ctx(rank, world)
     source = _select_source(loader, ctx, cfg, seed)
     return PreparedDataLoader(loader, source, ctx=ctx, device=torch.device("cpu"), config=cfg,
