@@ -117,7 +117,8 @@ class PreparedDataLoader:
     """A data loader sharded by rank whose batches arrive on the device.
 
     ``len()`` is the number of batches this rank yields per epoch. Each new ``for`` loop is a
-    new epoch (its shuffle order depends only on the seed and the epoch) unless ``set_epoch``
+    new epoch (with ``use_seedable_sampler=True`` its shuffle order depends only on the seed
+    and the epoch) unless ``set_epoch``
     or ``load_state_dict`` said otherwise. See ``accel.data`` for the sharding rules.
 
     With ``use_seedable_sampler=False`` (the default) a shuffling sampler keeps its own
