@@ -118,7 +118,8 @@ class PreparedDataLoader:
 
     ``len()`` is the number of batches this rank yields per epoch. Each new ``for`` loop is a
     new epoch (with ``use_seedable_sampler=True`` its shuffle order depends only on the seed
-    and the epoch) unless ``set_epoch`` or ``load_state_dict`` said otherwise. See ``accel.data`` for the sharding rules.
+    and the epoch) unless ``set_epoch`` or ``load_state_dict`` said otherwise.
+    See ``accel.data`` for the sharding rules.
 
     With ``use_seedable_sampler=False`` (the default) a shuffling sampler keeps its own
     generator, as in Accelerate: every pass starts by copying rank 0's generator state to all
