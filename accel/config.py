@@ -292,9 +292,16 @@ class DataLoaderConfiguration:
       are, so a script that skips the batches already seen by hand
       (``skip_first_batches(loader, n)`` or ``if step < resume_step: continue``) trains on the
       same batches as under Accelerate.
-    - ``use_seedable_sampler``: accel always shuffles as Accelerate's ``SeedableRandomSampler``
-      does (epoch ``e`` draws from ``data_seed + e``), so this flag changes nothing.
-    - ``data_seed``: the shuffle seed; by default rank 0's ``torch.initial_seed()``.
+    - ``use_seedable_sampler``: with ``True`` a shuffling sampler draws epoch ``e``'s order
+      from ``data_seed + e`` (Accelerate's ``SeedableRandomSampler``). With ``False`` (the
+      default) a map-style loader's sampler keeps drawing from its own generator, as in
+      Accelerate: the user's (``DataLoader(..., generator=g)``), else a new one seeded by one
+      draw of torch's global RNG in ``prepare()``; every pass starts from rank 0's generator
+      state, so ranks agree and each epoch's order is the generator's next draw (as in plain
+      PyTorch). Exact resume (``use_stateful_dataloader``) stores that state with the position;
+      without it ``load_state`` leaves the generator as it is (as Accelerate does).
+    - ``data_seed``: the shuffle seed with ``use_seedable_sampler=True`` (and the workers'
+      seeds); by default rank 0's ``torch.initial_seed()``.
     - ``dispatch_batches`` exists for signature compatibility with Accelerate; accel always
       lets every rank read its own shard (batches with varying shapes keep working), so
       preparing a data loader with ``dispatch_batches=True`` raises, saying so.

@@ -105,7 +105,8 @@ def prepare_data_loader(
     ``data_seed``, else rank 0's ``torch.initial_seed()``. The loader belongs to no
     ``Accelerator``: ``accelerator.gather_for_metrics`` and ``accelerator.end_of_dataloader``
     do not see it (prepare it with ``accelerator.prepare`` for those). ``rng_types`` is
-    accepted and unused, as by ``Accelerator``: the data order never depends on a global RNG.
+    accepted and unused, as by ``Accelerator``; with ``use_seedable_sampler=False`` a
+    shuffling sampler draws from its own generator, synchronized from rank 0 at every pass.
 
     Raises:
         ValueError: ``dispatch_batches=True`` (every rank reads its own shard in accel).
@@ -118,7 +119,7 @@ def prepare_data_loader(
         >>> [b.tolist() for b in dl]
         [[0, 1], [4, 5]]
     """
-    del rng_types, use_seedable_sampler  # always seeded; see the docstring
+    del rng_types  # see the docstring
     if torch_device_mesh is not None:
         raise NotImplementedError(
             "prepare_data_loader(torch_device_mesh=...) is not supported: accel shards data "
@@ -129,7 +130,8 @@ def prepare_data_loader(
     config = DataLoaderConfiguration(
         split_batches=split_batches, dispatch_batches=dispatch_batches,
         even_batches=even_batches, data_seed=data_seed, non_blocking=non_blocking,
-        use_stateful_dataloader=use_stateful_dataloader)
+        use_stateful_dataloader=use_stateful_dataloader,
+        use_seedable_sampler=use_seedable_sampler)
     setup = connect_process()
     ctx, comm = _shard_context(setup.context, num_processes, process_index)
     seed = data_seed if data_seed is not None else _initial_seed(comm)

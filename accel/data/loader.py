@@ -44,10 +44,12 @@ from .trim import trim_batch
 __all__ = ["DataTracker", "PreparedDataLoader", "override_even_batches", "prepare_data_loader",
            "skip_first_batches"]
 
-#: 2: shuffled as Accelerate's SeedableRandomSampler (epoch e from seed + e); 1 (accel before
-#: that) mixed seed and epoch otherwise: its positions load, its mid-epoch shuffle order is gone.
-_STATE_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+#: 3: adds "generator" (use_seedable_sampler=False: the sampler generator's state at the start
+#: of the pass the position is in); 2: shuffled as Accelerate's SeedableRandomSampler (epoch e
+#: from seed + e); 1 (accel before that) mixed seed and epoch otherwise: its positions load, its
+#: mid-epoch shuffle order is gone.
+_STATE_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
 
 
 class DataTracker:
@@ -115,8 +117,13 @@ class PreparedDataLoader:
     """A data loader sharded by rank whose batches arrive on the device.
 
     ``len()`` is the number of batches this rank yields per epoch. Each new ``for`` loop is a
-    new epoch (its shuffle order depends only on the seed and the epoch) unless ``set_epoch``
-    or ``load_state_dict`` said otherwise. See ``accel.data`` for the sharding rules.
+    new epoch (with ``use_seedable_sampler=True`` its shuffle order depends only on the seed
+    and the epoch) unless ``set_epoch`` or ``load_state_dict`` said otherwise.
+    See ``accel.data`` for the sharding rules.
+
+    With ``use_seedable_sampler=False`` (the default) a shuffling sampler keeps its own
+    generator, as in Accelerate: every pass starts by copying rank 0's generator state to all
+    ranks, and its order is the sampler's next draw from it.
 
     ``state_dict()`` always gives the position (``save_state`` stores it). ``load_state_dict``
     restores it exactly: the next pass continues with the next unseen batch. ``load_state``
@@ -128,7 +135,8 @@ class PreparedDataLoader:
     def __init__(self, base: DataLoader[Any], source: _Source, *, ctx: ProcessContext,
                  device: torch.device | None, config: DataLoaderConfiguration,
                  tracker: DataTracker, seed: int,
-                 after_batch: Callable[[], None] | None = None) -> None:
+                 after_batch: Callable[[], None] | None = None,
+                 sync: Callable[[torch.Tensor], Any] | None = None) -> None:
         self.base_dataloader = base
         self.dataset = base.dataset
         self.device = device
@@ -151,6 +159,9 @@ class PreparedDataLoader:
         self._yielded = 0
         self._next: tuple[int, int] | None = None
         self._next_loaded = False
+        self._sync = sync  # copies rank 0's tensor into this rank's (None: one process)
+        self._pass_state: torch.Tensor | None = None  # the pass generator's state at its start
+        self._restored_state: torch.Tensor | None = None  # ... for the next pass, from a state
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -206,7 +217,23 @@ class PreparedDataLoader:
         self._passes += 1
         self.epoch, self._yielded = epoch, skip
         self._source.set_epoch(epoch)
+        self._start_generator()
         return epoch, skip
+
+    def _start_generator(self) -> None:
+        """Put the pass generator in its start state: a restored one, else rank 0's (what
+        Accelerate's "generator" RNG synchronization does at the start of every pass)."""
+        generator = self._source.pass_generator
+        if generator is None:
+            return
+        restored, self._restored_state = self._restored_state, None
+        if restored is not None:
+            generator.set_state(restored)
+        elif self._sync is not None:
+            state = generator.get_state()
+            self._sync(state)
+            generator.set_state(state)
+        self._pass_state = generator.get_state()
 
     def _upcoming(self, position: tuple[int, int]) -> tuple[int, int]:
         """``(epoch, skip)`` of the next pass from a saved one: a position saved after the
@@ -275,7 +302,23 @@ class PreparedDataLoader:
                 "batches_yielded": self._yielded, "iterating": self._passes > 0,
                 "next_epoch": upcoming[0], "next_skip": upcoming[1], "seed": self._seed,
                 "world_size": self._ctx.world_size, "batch_size": self.batch_size,
-                "split_batches": bool(self._config.split_batches)}
+                "split_batches": bool(self._config.split_batches),
+                **self._generator_state(upcoming)}
+
+    def _generator_state(self, upcoming: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """The pass generator's state where the next pass starts: at the start of the current
+        pass when resuming inside it, else its state now."""
+        generator = self._source.pass_generator
+        if generator is None:
+            return {}
+        if self._passes and self._pass_state is not None and not (
+                upcoming[1] and self._complete(upcoming[1])):
+            state = self._pass_state
+        elif self._restored_state is not None:
+            state = self._restored_state
+        else:
+            state = generator.get_state()
+        return {"generator": state.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s output (possibly written with another world size)."""
@@ -285,10 +328,13 @@ class PreparedDataLoader:
                              f"{sorted(missing)}, version {state.get('version')!r}")
         skip = _convert_skip(int(state["next_skip"]), int(state["world_size"]),
                              self._ctx.world_size, bool(state.get("split_batches")))
-        if state["version"] == 1 and skip and self._source.seeded:
+        generator = state.get("generator")
+        lost = self._source.pass_generator is not None and generator is None
+        if skip and ((state["version"] == 1 and self._source.seeded) or lost):
             warnings.warn(
                 f"this data loader position (epoch {state['next_epoch']}, after batch {skip}) was "
-                "saved by an accel version that shuffled in another order: the rest of that "
+                "saved by an accel version (or use_seedable_sampler setting) that shuffled in "
+                "another order: the rest of that "
                 "epoch follows the current order, so some of its samples may repeat or be left "
                 "out; later epochs are unaffected", stacklevel=2)
         seed = int(state["seed"])
@@ -299,6 +345,8 @@ class PreparedDataLoader:
                           stacklevel=2)
         self._seed = seed
         self._source.set_seed(seed)
+        if self._source.pass_generator is not None and isinstance(generator, torch.Tensor):
+            self._restored_state = generator.to(torch.uint8).clone()
         self.epoch = int(state.get("epoch", state["next_epoch"]))
         self._next = (int(state["next_epoch"]), skip)
         self._next_loaded = True
@@ -368,8 +416,9 @@ def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: C
     seed = config.data_seed if config.data_seed is not None else int(seed)
     source = _select_source(loader, ctx, config, seed)
     _check_same_everywhere(loader, source, comm)
+    sync = comm.broadcast if comm.ctx.world_size > 1 else None
     return PreparedDataLoader(loader, source, ctx=ctx, device=device, config=config,
-                              tracker=tracker, seed=seed, after_batch=after_batch)
+                              tracker=tracker, seed=seed, after_batch=after_batch, sync=sync)
 
 
 def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
@@ -394,7 +443,8 @@ def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
         return IterableSource(loader, rank=rank, world=world, even=config.even_batches,
                               split=config.split_batches, seed=seed)
     return MapSource(loader, rank=rank, world=world, even=config.even_batches,
-                     split=config.split_batches, seed=seed)
+                     split=config.split_batches, seed=seed,
+                     seedable=bool(config.use_seedable_sampler))
 
 
 def _check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Communicator) -> None:

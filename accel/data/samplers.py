@@ -1,9 +1,10 @@
 """Samplers for prepared map-style loaders: seeded shuffling, the rank shard, skipping.
 
-Shuffling follows Accelerate's ``SeedableRandomSampler``: the order of epoch ``e`` is what the
-wrapped sampler draws from a generator seeded with ``seed + e``, so that every rank computes
-the same order, a resumed run the same one, and a script run with Accelerate's
-``use_seedable_sampler=True`` and the same seed sees the same order under accel.
+With ``use_seedable_sampler=True`` shuffling follows Accelerate's ``SeedableRandomSampler``:
+the order of epoch ``e`` is what the wrapped sampler draws from a generator seeded with
+``seed + e``, so that every rank computes the same order, a resumed run the same one, and a
+script run with Accelerate and the same seed sees the same order under accel. (By default the
+user's sampler is kept and draws from its own generator; see ``PreparedDataLoader``.)
 
 Example:
     >>> from torch.utils.data import RandomSampler

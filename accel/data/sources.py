@@ -114,6 +114,20 @@ def _seedable(sampler: Any, seed: int) -> Any:
     return SeedableSampler(sampler, seed)
 
 
+def _pass_generator(sampler: Any) -> torch.Generator | None:
+    """The generator ``sampler`` draws its order from, as Accelerate finds it when it keeps the
+    user's sampler (``use_seedable_sampler=False``): a sampler without one gets a new generator
+    seeded from one draw of torch's global RNG, on every rank (rank 0's state is used)."""
+    if sampler is None or not hasattr(sampler, "generator") or hasattr(sampler, "set_epoch"):
+        return None
+    if sampler.generator is None:
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        sampler.generator = generator
+    generator = sampler.generator
+    return generator if isinstance(generator, torch.Generator) else None
+
+
 def _same_sampling(loader: DataLoader[Any], generator: torch.Generator) -> DataLoader[Any]:
     """``loader`` rebuilt with the same sampling but ``generator`` for the worker seeds."""
     if isinstance(loader.dataset, IterableDataset):
@@ -146,8 +160,10 @@ class _Source:
     loader: DataLoader[Any]
     epoch_targets: list[Any]
 
-    def __init__(self, loader: DataLoader[Any], *, rank: int, seed: int) -> None:
-        _warn_generators(loader)
+    def __init__(self, loader: DataLoader[Any], *, rank: int, seed: int,
+                 seedable: bool = True) -> None:
+        if seedable:
+            _warn_generators(loader)
         self.rank = rank
         self.seed = int(seed)
         # The rebuilt loader draws its workers' base seed from this generator when a pass
@@ -158,6 +174,9 @@ class _Source:
         #: the seedable samplers this source put in place of the user's (``set_seed`` reseeds
         #: them; a seedable sampler the user passed keeps its own seed)
         self.seeded: list[SeedableSampler | SeedableRandomSampler] = []
+        #: the generator the sampler draws each pass's order from, kept in step across ranks
+        #: by the prepared loader (``use_seedable_sampler=False``, map-style loaders only)
+        self.pass_generator: torch.Generator | None = None
 
     def set_epoch(self, epoch: int) -> None:
         for target in self.epoch_targets:
@@ -193,8 +212,9 @@ class MapSource(_Source):
     """Batch-level sharding of a map-style loader through a new batch sampler."""
 
     def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
-                 split: bool, seed: int) -> None:
-        super().__init__(loader, rank=rank, seed=seed)
+                 split: bool, seed: int, seedable: bool = True) -> None:
+        super().__init__(loader, rank=rank, seed=seed, seedable=seedable)
+        self.seedable = seedable
         given = given_batch_sampler(loader)
         singles = given is None
         if singles:
@@ -211,18 +231,24 @@ class MapSource(_Source):
         split_size = self._split_size(nominal, world) if split and world > 1 else None
         self.shard = BatchSamplerShard(batches, world, rank, split_batches=split_size is not None,
                                        even_batches=even, singles=singles)
+        # Without seedable sampling a user's loader generator seeds the workers, as in torch
+        # (and Accelerate): each pass draws the base seed from it before the sampler's order.
+        workers = self.generator if seedable or loader.generator is None else loader.generator
         if loader.batch_sampler is None:  # the shard's items go where the user's sampler was
             self.loader = rebuild_loader(loader, in_order=True, sampler=self.shard,
-                                         batch_size=None, generator=self.generator)
+                                         batch_size=None, generator=workers)
         else:
             self.loader = rebuild_loader(loader, in_order=True, batch_sampler=self.shard,
-                                         generator=self.generator)
+                                         generator=workers)
         self.batch_size = split_size or nominal
         self.total_batch_size = (nominal if split_size or nominal is None else nominal * world)
         self.epoch_targets = [t for t in {id(x): x for x in (sampler, batches, loader.dataset)}
                               .values() if hasattr(t, "set_epoch")]
 
     def _seedable(self, sampler: Any, seed: int) -> Any:
+        if not self.seedable:
+            self.pass_generator = _pass_generator(sampler)
+            return sampler
         seeded = _seedable(sampler, seed)
         if seeded is not sampler:
             self.seeded.append(seeded)

@@ -13,7 +13,10 @@ uninterrupted one from its checkpoint on.
 
 Two checkpoints: step 3 (mid epoch 0; the script never calls ``set_epoch``, as Accelerate's
 examples do) and step 9 (mid epoch 1; the script calls ``loader.set_epoch(epoch)``, which a
-resumed run needs for epoch 1's shuffle order, in Accelerate with its seedable sampler too).
+resumed run needs for epoch 1's shuffle order with ``use_seedable_sampler=True``). With the
+default ``use_seedable_sampler=False`` the sampler draws from its own generator, which
+Accelerate's ``load_state`` does not restore: a hand-skipping script resumed in epoch 1 gets
+epoch 0's order again (as under Accelerate); the stateful loader restores it.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class Stream(IterableDataset[int]):
         return iter(range(3))
 
 
-def _script(root: str, style: str, set_epoch: bool, resume: int | None) -> list[list[int]]:
+def _script(root: str, style: str, set_epoch: bool, resume: int | None,
+            seedable: bool = True) -> list[list[int]]:
     """One run of a training script; returns the sample indices of each optimizer step.
 
     ``style``: "continue" / "skip" (Accelerate's hand skipping, default loaders), "stateful"
@@ -51,7 +55,9 @@ def _script(root: str, style: str, set_epoch: bool, resume: int | None) -> list[
     from accel.utils import set_seed
 
     set_seed(0)
-    config = DataLoaderConfiguration(use_stateful_dataloader=style == "stateful")
+    config = DataLoaderConfiguration(use_stateful_dataloader=style == "stateful",
+                                     use_seedable_sampler=seedable)
+    root = f"{root}/seedable_{seedable}"
     acc = Accelerator(cpu=True, dataloader_config=config)
     model = nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -86,11 +92,29 @@ def _script(root: str, style: str, set_epoch: bool, resume: int | None) -> list[
 
 def _resume_runs(root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for set_epoch in (False, True):
-        out["ref", set_epoch] = _script(root, "continue", set_epoch, None)
+    for set_epoch, seedable in ((False, False), (True, True), (True, False)):
+        out["ref", set_epoch, seedable] = _script(root, "continue", set_epoch, None, seedable)
         step = next(s for s, flag in CHECKPOINTS.items() if flag == set_epoch)
         for style in ("continue", "skip", "stateful"):
-            out[style, set_epoch] = _script(root, style, set_epoch, step)
+            out[style, set_epoch, seedable] = _script(root, style, set_epoch, step, seedable)
+    return out
+
+
+def _generator_checks(rank: int) -> dict[str, Any]:
+    """use_seedable_sampler=False: ranks agree on rank 0's generator state at every pass,
+    even when their global seeds differ or the user reseeds the generator differently."""
+    from accel import Accelerator
+
+    torch.manual_seed(100 + rank)  # prepare() seeds the sampler's new generator differently
+    acc = Accelerator(cpu=True)
+    own = acc.prepare(DataLoader(range(16), batch_size=2, shuffle=True))
+    user = torch.Generator().manual_seed(rank)
+    given = acc.prepare(DataLoader(range(16), batch_size=2, shuffle=True, generator=user))
+    out: dict[str, Any] = {"own": [], "given": []}
+    for epoch in range(2):
+        out["own"].append([acc.gather(b).tolist() for b in own])
+        user.manual_seed(42 + epoch + rank * epoch)  # the same on both ranks in epoch 0 only
+        out["given"].append([acc.gather(b).tolist() for b in given])
     return out
 
 
@@ -131,7 +155,8 @@ def _join_checks(rank: int) -> dict[str, Any]:
 
 
 def _worker(rank: int, root: str) -> dict[str, Any]:
-    return {"resume": _resume_runs(root), "join": _join_checks(rank)}
+    return {"resume": _resume_runs(root), "join": _join_checks(rank),
+            "generator": _generator_checks(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -140,20 +165,46 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return run_workers(_worker, 2, args=(str(root),), timeout=180)
 
 
-@pytest.mark.parametrize("set_epoch", [False, True], ids=["mid_epoch0", "mid_epoch1_set_epoch"])
+@pytest.mark.parametrize(("set_epoch", "seedable"), [(False, False), (True, True)],
+                         ids=["mid_epoch0", "mid_epoch1_set_epoch_seedable"])
 @pytest.mark.parametrize("style", ["continue", "skip", "stateful"])
 def test_resumed_script_trains_on_the_uninterrupted_samples(
-        results: list[dict[str, Any]], style: str, set_epoch: bool) -> None:
+        results: list[dict[str, Any]], style: str, set_epoch: bool, seedable: bool) -> None:
     runs = results[0]["resume"]
     assert runs == results[1]["resume"]  # gathered: both ranks saw the same
-    ref = runs["ref", set_epoch]
+    ref = runs["ref", set_epoch, seedable]
     step = next(s for s, flag in CHECKPOINTS.items() if flag == set_epoch)
     assert len(ref) == EPOCHS * STEPS_PER_EPOCH
     assert sorted(i for batch in ref[:STEPS_PER_EPOCH] for i in batch) == list(range(N))
     assert ref[:STEPS_PER_EPOCH] != ref[STEPS_PER_EPOCH:]  # a new shuffle each epoch
-    assert runs[style, set_epoch] == ref[step:], (
-        f"{style}: resumed at step {step}, trained on {runs[style, set_epoch]}, "
+    assert runs[style, set_epoch, seedable] == ref[step:], (
+        f"{style}: resumed at step {step}, trained on {runs[style, set_epoch, seedable]}, "
         f"the uninterrupted run on {ref[step:]}")
+
+
+def test_default_sampler_generator_resume_as_accelerate(results: list[dict[str, Any]]) -> None:
+    """use_seedable_sampler=False, resumed mid epoch 1: the stateful loader restores the
+    generator's state at the start of that epoch; hand skipping (Accelerate's load_state keeps
+    the generator prepare() made) trains on the rest of epoch 0's order, as under Accelerate."""
+    runs = results[0]["resume"]
+    ref = runs["ref", True, False]
+    assert ref[:STEPS_PER_EPOCH] != ref[STEPS_PER_EPOCH:]
+    assert runs["stateful", True, False] == ref[9:]
+    for style in ("continue", "skip"):
+        assert runs[style, True, False] == ref[3:STEPS_PER_EPOCH]
+
+
+def test_ranks_share_rank0s_generator_every_pass(results: list[dict[str, Any]]) -> None:
+    first, second = (r["generator"] for r in results)
+    assert first == second  # gathered
+    for name in ("own", "given"):
+        for epoch in first[name]:  # one permutation split between the ranks, never overlapping
+            assert sorted(i for batch in epoch for i in batch) == list(range(16))
+    # the user's generator as rank 0 has it: each epoch is what plain PyTorch draws from it
+    for epoch, seed in enumerate((42, 43)):
+        plain = DataLoader(range(16), batch_size=4, shuffle=True,
+                           generator=torch.Generator().manual_seed(seed))
+        assert first["given"][epoch] == [b.tolist() for b in plain]
 
 
 def test_join_uneven_inputs_with_even_batches_false(results: list[dict[str, Any]]) -> None:

@@ -63,7 +63,7 @@ def _ctx(rank: int = 0, world: int = 1) -> ProcessContext:
 
 def _prepared(loader: DataLoader, rank: int = 0, world: int = 1, seed: int = 0,
               **config: Any) -> PreparedDataLoader:
-    cfg = DataLoaderConfiguration(**config)
+    cfg = DataLoaderConfiguration(**{"use_seedable_sampler": True, **config})
     ctx = _ctx(rank, world)
     source = _select_source(loader, ctx, cfg, seed)
     return PreparedDataLoader(loader, source, ctx=ctx, device=torch.device("cpu"), config=cfg,
@@ -571,3 +571,33 @@ def test_join_uneven_inputs_outside_ddp() -> None:
             acc.join_uneven_inputs([model], even_batches=False):
         assert len(dl) == 3  # not overridden (nothing to override in one process anyway)
     assert caught[0].filename == __file__
+
+
+def test_default_mode_state_keeps_the_generator_of_the_pass() -> None:
+    """use_seedable_sampler=False: the state holds the sampler generator's state at the start
+    of the pass it resumes in (after the pass's last batch: its state for the next epoch), so a
+    loader whose own generator differs replays the same orders; a state without it warns."""
+    def loader(seed: int) -> PreparedDataLoader:
+        torch.manual_seed(seed)  # prepare() seeds the sampler's new generator from this
+        return _prepared(DataLoader(range(8), batch_size=2, shuffle=True),
+                         use_seedable_sampler=False, use_stateful_dataloader=True)
+
+    ref = loader(1)
+    epochs = [[b.tolist() for b in ref] for _ in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2]
+    dl = loader(1)
+    states = []
+    for epoch in range(2):
+        for _ in dl:
+            if epoch == 1:
+                states.append(dl.state_dict())
+    assert all(s["version"] == 3 and s["generator"].dtype == torch.uint8 for s in states)
+    for skip, state in enumerate(states, start=1):  # mid epoch 1, then after its last batch
+        other = loader(2)
+        assert [b.tolist() for b in other] != epochs[0]  # its own generator differs
+        other.load_state_dict(state)
+        assert torch.equal(other.state_dict()["generator"], state["generator"])  # not iterated
+        rest = [b.tolist() for b in other]
+        assert rest == (epochs[1][skip:] if skip < 4 else epochs[2])
+    with pytest.warns(UserWarning, match="shuffled in another order"):
+        loader(2).load_state_dict({k: v for k, v in states[0].items() if k != "generator"})

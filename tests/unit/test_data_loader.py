@@ -79,7 +79,7 @@ def test_prepared_batch_sampler_is_accelerates_shard() -> None:
     assert (shard.num_processes, shard.process_index, shard.split_batches, shard.even_batches,
             shard.batch_size, shard.drop_last) == (2, 1, False, True, 2, False)
     shuffled = prepare_data_loader(DataLoader(range(6), batch_size=1, shuffle=True),
-                                   num_processes=2, process_index=0)
+                                   num_processes=2, process_index=0, use_seedable_sampler=True)
     assert isinstance(shuffled.batch_sampler.batch_sampler.sampler, SeedableRandomSampler)
     shard.even_batches = False  # what join_uneven_inputs(even_batches=False) does
     assert [b.tolist() for b in dl] == [[2, 3]] and len(dl) == 1
@@ -89,7 +89,7 @@ def test_prepared_batch_sampler_is_accelerates_shard() -> None:
 
 def test_prepare_data_loader_refuses_what_accel_does_not_do() -> None:
     dl = DataLoader(range(4), batch_size=2)
-    with pytest.raises(ValueError, match="dispatch_batches=True is not supported"):
+    with pytest.raises(ValueError, match="dispatch_batches=True\\) is not supported"):
         prepare_data_loader(dl, put_on_device=True, dispatch_batches=True)
     with pytest.raises(NotImplementedError, match="torch_device_mesh"):
         prepare_data_loader(dl, torch_device_mesh=object())
@@ -126,7 +126,8 @@ def test_seedable_random_sampler_orders() -> None:
     drawn = list(SeedableRandomSampler(range(4), replacement=True, num_samples=9, data_seed=0))
     assert len(drawn) == 9 and set(drawn) <= set(range(4))
     # a prepared shuffled loader in one process: that order, epoch after epoch
-    dl = prepare_data_loader(DataLoader(range(10), batch_size=10, shuffle=True), data_seed=5)
+    dl = prepare_data_loader(DataLoader(range(10), batch_size=10, shuffle=True), data_seed=5,
+                             use_seedable_sampler=True)
     assert [next(iter(dl)).tolist() for _ in range(3)] == orders
 
 
@@ -170,3 +171,58 @@ def test_same_shards_and_orders_as_accelerate() -> None:
     theirs = json.loads(done.stdout.splitlines()[-1])
     for case, expected in zip(CASES, theirs, strict=True):
         assert _shards(*case) == expected, f"(samples, batch, shuffle, split, even) = {case}"
+
+
+#: default mode (use_seedable_sampler=False): (samples, batch size, split, even, generator)
+#: where generator is None (prepare() makes one), "user" (DataLoader(generator=g)) or
+#: "reseed" (the user's, reseeded with 42 before every epoch, as Accelerate's test script does)
+DEFAULT_CASES = [(n, bs, split, even, gen) for n in (7, 13) for bs in (2, 4)
+                 for split in (False, True) for even in (False, True)
+                 for gen in (None, "user", "reseed")]
+
+_DEFAULT_SIDE = textwrap.dedent("""
+    import json, sys
+    import torch
+    from torch.utils.data import DataLoader
+    from {module} import prepare_data_loader
+    out = []
+    for n, bs, split, even, gen in json.loads(sys.argv[1]):
+        ranks = []
+        for rank in range(2):
+            torch.manual_seed(11)
+            g = None if gen is None else torch.Generator().manual_seed(5)
+            dl = prepare_data_loader(DataLoader(range(n), batch_size=bs, shuffle=True,
+                                                generator=g),
+                                     num_processes=2, process_index=rank, split_batches=split,
+                                     even_batches=even)
+            after = torch.rand(3).tolist()  # the global RNG right after prepare()
+            batches = []
+            for _ in range(2):
+                if gen == "reseed":
+                    g.manual_seed(42)
+                batches += [b.tolist() for b in dl]
+            ranks.append([after, batches])
+        out.append(ranks)
+    print(json.dumps(out))
+""")
+
+
+def test_default_mode_orders_and_global_rng_as_accelerate() -> None:
+    """With use_seedable_sampler=False (the default) the sampler draws each epoch's order
+    from its own generator (the user's, or one seeded from one global-RNG draw in prepare()),
+    as in Accelerate 1.15: same batches on both ranks for 2 epochs, same global RNG after
+    prepare()."""
+    pytest.importorskip("accelerate", minversion="1.15", reason="pip install '.[test]'")
+    cases = json.dumps(DEFAULT_CASES)
+    results = []
+    for module in ("accelerate.data_loader", "accel.data_loader"):
+        done = subprocess.run([sys.executable, "-c", _DEFAULT_SIDE.format(module=module), cases],
+                              capture_output=True, text=True, timeout=120, check=True)
+        results.append(json.loads(done.stdout.splitlines()[-1]))
+    theirs, ours = results
+    for case, expected, got in zip(DEFAULT_CASES, theirs, ours, strict=True):
+        assert got == expected, f"(samples, batch, split, even, generator) = {case}"
+    # not a trivial agreement: epoch 1 is a new order, except where reseeded before each epoch
+    for case, ((_, batches), _) in zip(DEFAULT_CASES, ours, strict=True):
+        half = len(batches) // 2
+        assert (batches[:half] == batches[half:]) == (case[4] == "reseed"), case
