@@ -67,6 +67,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator as Accelerator
+    from .availability import is_rich_available as is_rich_available
     from .checkpoint import load as load
     from .checkpoint import save as save
     from .config import AutocastKwargs as AutocastKwargs
@@ -79,7 +80,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import InitProcessGroupKwargs as InitProcessGroupKwargs
     from .config import PrecisionType as PrecisionType
     from .config import ProjectConfiguration as ProjectConfiguration
-    from .availability import is_rich_available as is_rich_available
     from .data import skip_first_batches as skip_first_batches
     from .dynamo import TorchDynamoPlugin as TorchDynamoPlugin
     from .launch.notebook import debug_launcher as debug_launcher
