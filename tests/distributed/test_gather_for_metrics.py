@@ -80,7 +80,9 @@ def _exactness_worker(rank: int, count: int, seed: int) -> dict[str, Any]:
     failures, checked, subgroups = [], 0, 0
     for combo in _combos(world, count, seed):
         n, bs, drop_last, even, split, kind, shuffle = combo
-        cfg = DataLoaderConfiguration(even_batches=even, split_batches=split)
+        # seeded shuffling (data_seed + epoch), so that the one-process order is the reference
+        cfg = DataLoaderConfiguration(even_batches=even, split_batches=split,
+                                      use_seedable_sampler=True)
 
         def make(context: Any, communicator: Any) -> Any:
             data = Indexed(n) if kind == "map" else Stream(n)
