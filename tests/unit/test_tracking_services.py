@@ -68,6 +68,7 @@ def test_wandb_offline_run_reads_back(wandb_offline: Path) -> None:
                               init_kwargs={"wandb": {"name": "first", "tags": ["demo"]}})
     run = accelerator.get_tracker("wandb", unwrap=True)
     assert isinstance(run, wandb.Run) and run.name == "first"
+    run_dir = Path(run.dir).parent  # <WANDB_DIR>/wandb/offline-run-<time>-<id>/files
     tracker = accelerator.get_tracker("wandb")
     accelerator.log({"loss": torch.tensor(0.5), "acc": np.float32(0.25)}, step=1)
     accelerator.log({"loss": 0.25, "sample": wandb.Image(np.zeros((4, 4, 3), np.uint8))}, step=2)
@@ -75,8 +76,9 @@ def test_wandb_offline_run_reads_back(wandb_offline: Path) -> None:
     tracker.log_table("preds", columns=["x", "label"], data=[[1, "a"], [2, "b"]], step=4)
     accelerator.end_training()
 
-    (run_dir,) = (wandb_offline / "wandb").glob("offline-run-*")
-    records = wandb_records(next(run_dir.glob("run-*.wandb")))
+    assert run_dir.parent == wandb_offline / "wandb" and run_dir.name.startswith("offline-run-")
+    (data,) = run_dir.glob("run-*.wandb")
+    records = wandb_records(data)
     (start,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (start.project, start.display_name, list(start.tags)) == ("proj", "first", ["demo"])
     config = wandb_config(records)
