@@ -45,18 +45,22 @@ def _epoch(loader: Any, comm: Any) -> list[int]:
 
 
 def _resume(prep: Any, comm: Any) -> tuple[bool, int]:
-    """Resume mid-epoch from every rank's own state, in a new loader with another seed."""
-    first = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
+    """Resume mid-epoch from every rank's own state, in a new loader with another seed (seeded
+    shuffling: the reference is the same seed's order)."""
+    first = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8,
+                 use_seedable_sampler=True)
     seen: list[int] = []
     for i, batch in enumerate(first):
         seen += comm.gather(batch).tolist()
         if i == 2:
             state = first.state_dict()
             break
-    second = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=99)
+    second = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=99,
+                  use_seedable_sampler=True)
     second.load_state_dict(state)
     rest = _epoch(second, comm)
-    reference = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8)
+    reference = prep(DataLoader(range(30), batch_size=2, shuffle=True), seed=8,
+                     use_seedable_sampler=True)
     return seen + rest == _epoch(reference, comm), len(rest)
 
 

@@ -75,6 +75,9 @@ def test_wandb_offline_run_reads_back(wandb_offline: Path) -> None:
     tracker.log_images({"grid": [np.full((4, 4, 3), v, np.uint8) for v in (9, 255)]}, step=3)
     tracker.log_table("preds", columns=["x", "label"], data=[[1, "a"], [2, "b"]], step=4)
     accelerator.end_training()
+    # finish() returns before wandb's service process has written everything: stop the
+    # service (it flushes and exits) before reading its files
+    wandb.teardown()
 
     assert run_dir.parent == wandb_offline / "wandb" and run_dir.name.startswith("offline-run-")
     (data,) = run_dir.glob("run-*.wandb")
