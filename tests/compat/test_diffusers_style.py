@@ -30,6 +30,12 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "scripts" / "diffusers_style.py"
 
+#: Plain torch.distributed, and so Accelerate, can abort a finished worker at exit (SIGABRT,
+#: this line): a gloo thread releases the last collective's tensors while Python shuts down
+#: (see tests/e2e/test_exit.py; accel lets those threads finish first). Accepted for the
+#: Accelerate run only, after the script's work is done (its report is checked).
+UPSTREAM_EXIT_ABORT = "terminate called without an active exception"
+
 
 def _run(library: str, script: Path, out: Path, *args: str) -> None:
     env = clean_env(out.parent, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
@@ -42,8 +48,12 @@ def _run(library: str, script: Path, out: Path, *args: str) -> None:
                "--master_port", str(free_port())]
     cmd += [str(script), "--output_dir", str(out), "--checkpointing_steps", "4", *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"{library} {args}: exit {proc.returncode}\n" + \
-        "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
+    output = proc.stdout + proc.stderr
+    before = output.split(UPSTREAM_EXIT_ABORT)[0]
+    upstream_abort = (library == "accelerate" and UPSTREAM_EXIT_ABORT in output
+                      and "exitcode: -6" in output and f'File "{script}"' not in before)
+    assert proc.returncode == 0 or upstream_abort, f"{library} {args}: exit " \
+        f"{proc.returncode}\n" + "\n".join(output.splitlines()[-60:])
 
 
 def _train_and_resume(library: str, tmp: Path) -> dict[str, Any]:

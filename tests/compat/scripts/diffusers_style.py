@@ -210,6 +210,9 @@ def main():
         tag = "resumed" if args.resume_from_checkpoint else "first"
         with open(os.path.join(args.output_dir, f"report-{tag}.json"), "w") as f:
             json.dump(report, f)
+    # (not in diffusers) every rank waits for the report: a rank that exits first may abort at
+    # exit under plain torch.distributed, and its launcher then stops the others
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
