@@ -400,6 +400,24 @@ def _build(name: str, project_name: str, logging_dir: str | os.PathLike[str] | N
     return factory(project_name, **kwargs)
 
 
+def _start_all(trackers: Sequence[GeneralTracker]) -> None:
+    """Start every tracker; if one fails, finish the ones already started (their runs are not
+    left open) and raise the failure. A failure while finishing is a warning, not a mask."""
+    started: list[GeneralTracker] = []
+    try:
+        for tracker in trackers:
+            tracker.start()
+            started.append(tracker)
+    except BaseException:
+        for tracker in reversed(started):
+            try:
+                tracker.finish()
+            except Exception as cleanup:  # noqa: BLE001 - reported, and the first error raised
+                warnings.warn(f"tracker {tracker.name!r} could not be finished after another "
+                              f"tracker failed to start: {cleanup!r}", stacklevel=3)
+        raise
+
+
 def init_trackers(
     log_with: LogWith,
     project_name: str,
@@ -452,8 +470,7 @@ def init_trackers(
                 result.trackers.append(item)
         elif is_main:
             result.trackers.append(_build(item, project_name, logging_dir, options.get(item, {})))
-    for tracker in result.trackers:
-        tracker.start()
+    _start_all(result.trackers)
     if config is not None:
         for tracker in result.trackers:
             tracker.store_init_configuration(config)

@@ -222,3 +222,35 @@ def test_on_main_process_decorator_reads_the_rank_at_call_time() -> None:
         assert main_only.log(2) is None
         assert everywhere.log(3) == "logged"
     assert main_only.calls == [1] and everywhere.calls == [3]
+
+
+class _Run(GeneralTracker):
+    """A tracker that records its life, and fails to start when asked to."""
+
+    def __init__(self, name: str, events: list[str], fail: bool = False,
+                 fail_finish: bool = False) -> None:
+        self.name, self.events, self.fail, self.fail_finish = name, events, fail, fail_finish
+
+    def start(self) -> None:
+        if self.fail:
+            raise ConnectionError(f"{self.name}: the service is unreachable")
+        self.events.append(f"start {self.name}")
+
+    def log(self, values: Any, step: int | None = None, **kwargs: Any) -> None:
+        self.events.append(f"log {self.name}")
+
+    def finish(self) -> None:
+        self.events.append(f"finish {self.name}")
+        if self.fail_finish:
+            raise OSError(f"{self.name}: cannot flush")
+
+
+def test_a_tracker_that_fails_to_start_leaves_no_other_run_open() -> None:
+    events: list[str] = []
+    trackers = [_Run("a", events), _Run("b", events, fail_finish=True), _Run("c", events, True),
+                _Run("d", events)]
+    with pytest.warns(UserWarning, match="'b' could not be finished.*cannot flush"), \
+            pytest.raises(ConnectionError, match="c: the service is unreachable"):
+        init_trackers(trackers, "exp")
+    # a and b were started, so they are finished (newest first); d was never started
+    assert events == ["start a", "start b", "finish b", "finish a"]
