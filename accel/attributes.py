@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from .connector import Options, Runtime
+
+if TYPE_CHECKING:
+    from .state import AcceleratorState
 
 __all__ = ["AccelerateAttributes"]
 
@@ -30,6 +33,7 @@ class AccelerateAttributes:
 
     _rt: Runtime
     _options: Options
+    _state: AcceleratorState
 
     # -- data-loader settings (DataLoaderConfiguration) -------------------------------------------
     @property
@@ -107,21 +111,22 @@ class AccelerateAttributes:
     def is_composable_parallelism_enabled(self) -> bool:
         return False
 
+    # The integrations accel does not offer answer through the state, where they are declared.
     @property
     def is_fsdp2(self) -> bool:
-        return False
+        return self._state.is_fsdp2
 
     @property
     def deepspeed_plugin(self) -> None:
-        return None
+        return self._state.deepspeed_plugin
 
     @property
     def parallelism_config(self) -> None:
-        return None
+        return self._state.parallelism_config
 
     @property
     def torch_device_mesh(self) -> None:
-        return None
+        return self._state.device_mesh
 
     @property
     def fp8_backend(self) -> None:

@@ -254,3 +254,75 @@ def test_save_writes_what_accelerate_writes_unless_asked_for_safetensors(tmp_pat
 def test_bad_argument_types_raise(kwargs: dict, match: str) -> None:
     with pytest.raises((TypeError, ValueError), match=match):
         Accelerator(**kwargs)
+
+
+def test_accelerate_read_only_attributes_report_the_configuration(tmp_path: Path) -> None:
+    from accel import DataLoaderConfiguration, ProjectConfiguration
+
+    config = DataLoaderConfiguration(split_batches=True, even_batches=False, non_blocking=True,
+                                     use_seedable_sampler=True, use_stateful_dataloader=True)
+    project = ProjectConfiguration(project_dir=str(tmp_path), logging_dir=str(tmp_path / "logs"),
+                                   iteration=3)
+    acc = Accelerator(cpu=True, dataloader_config=config, project_config=project)
+    assert (acc.split_batches, acc.even_batches, acc.non_blocking, acc.use_seedable_sampler,
+            acc.use_stateful_dataloader, acc.dispatch_batches) == (True, False, True, True,
+                                                                   True, False)
+    assert (acc.project_dir, acc.logging_dir, acc.save_iteration) == \
+        (str(tmp_path), str(tmp_path / "logs"), 3)
+    assert (acc.multi_device, acc.should_save_model, acc.data_parallel_rank,
+            acc.data_parallel_shard_rank, acc.tensor_parallel_rank, acc.context_parallel_rank,
+            acc.pipeline_parallel_rank) == (False, True, 0, 0, 0, 0, 0)
+    assert (acc.is_fsdp2, acc.deepspeed_plugin, acc.parallelism_config, acc.torch_device_mesh,
+            acc.fp8_backend, acc.is_composable_parallelism_enabled) == \
+        (False, None, None, None, None, False)
+    with acc.maybe_context_parallel():
+        pass
+    model = nn.Linear(2, 2)
+    assert acc.verify_device_map(model) is False
+    model.hf_device_map = {"a": 0, "b": "cpu"}  # dispatched over two devices by a device_map
+    assert acc.verify_device_map(model) is True
+
+
+def test_dataloader_config_can_be_assigned_for_loaders_prepared_later() -> None:
+    from torch.utils.data import DataLoader
+
+    from accel import DataLoaderConfiguration
+
+    acc = Accelerator(cpu=True)
+    before = acc.prepare(DataLoader(list(range(6)), batch_size=2))
+    acc.dataloader_config = DataLoaderConfiguration(even_batches=False)
+    after = acc.prepare(DataLoader(list(range(6)), batch_size=2))
+    assert acc.even_batches is False and acc.dataloader_config.even_batches is False
+    assert before._config.even_batches is True and after._config.even_batches is False
+    with pytest.raises(TypeError, match="DataLoaderConfiguration"):
+        acc.dataloader_config = {"even_batches": False}  # type: ignore[assignment]
+
+
+def test_state_debug_and_distributed_type_can_be_set_as_in_accelerate() -> None:
+    import os
+
+    from accel import AcceleratorState, DistributedType, GradientState, PartialState
+    from accel.distributed.debug import consistency_check
+
+    acc = Accelerator(cpu=True)
+    previous = os.environ.get("ACCEL_DEBUG")
+    try:
+        acc.state.debug = True
+        assert acc.state.debug and consistency_check in acc._rt.comm.hooks
+        assert os.environ["ACCEL_DEBUG"] == "1"  # module-level collectives follow
+        acc.state.debug = False
+        assert not acc.state.debug and consistency_check not in acc._rt.comm.hooks
+    finally:
+        if previous is None:
+            os.environ.pop("ACCEL_DEBUG", None)
+        else:
+            os.environ["ACCEL_DEBUG"] = previous
+    acc.state.distributed_type = "FSDP"
+    assert acc.distributed_type is DistributedType.FSDP
+    with pytest.warns(UserWarning, match="only supported for multi-GPU.*FSDP"):
+        with acc.join_uneven_inputs([]):
+            pass
+    acc.state.distributed_type = DistributedType.NO
+    for cls in (PartialState, AcceleratorState, GradientState):
+        cls._reset_state()  # nothing shared to reset: the Accelerator keeps working
+    assert acc.prepare(nn.Linear(1, 1)) is not None
