@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import signal
 import sys
-import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -49,6 +48,7 @@ from .preparation import Preparer
 from .progress import tqdm as _tqdm
 from .runstate import RunState
 from .state import AcceleratorState, GradientState, bind_accelerator_state, bind_gradient_state
+from .strategy import no_join
 from .tracking import TrackerSet
 from .tracking import init_trackers as _init_trackers
 from .training import StepController
@@ -449,11 +449,7 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         """
         if self.distributed_type is not self._rt.strategy.distributed_type:
             # state.distributed_type was set (Accelerate's tests do): answer for that type
-            warnings.warn("joining uneven inputs is only supported for multi-GPU (and multi-CPU) "
-                          "DDP training, and this Accelerator reports distributed_type="
-                          f"{self.distributed_type.value}: join_uneven_inputs has no effect",
-                          stacklevel=2)
-            return contextlib.nullcontext()
+            return no_join(self.distributed_type, stacklevel=2)
         return self._step.join_uneven_inputs(joinables, even_batches,
                                              self.dataloader_config.even_batches)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from ..config import DistributedDataParallelKwargs
 from ..distributed import ProcessContext
-from .base import Strategy, strip_parallel, unwrap_module
+from .base import Strategy, no_join, strip_parallel, unwrap_module
 from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
 from .xla import XLAStrategy
 
-__all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "XLAStrategy", "select_strategy",
-           "strip_parallel", "unwrap_module"]
+__all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "XLAStrategy", "no_join",
+           "select_strategy", "strip_parallel", "unwrap_module"]
 
 
 def select_strategy(ctx: ProcessContext, place: bool = True,

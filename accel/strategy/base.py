@@ -30,7 +30,7 @@ from ..config import DistributedDataParallelKwargs, DistributedType
 from ..distributed import ProcessContext
 from ..dynamo import compiled_inner, rewrap_compiled
 
-__all__ = ["Strategy", "strip_compile", "strip_parallel", "unwrap_module"]
+__all__ = ["Strategy", "no_join", "strip_compile", "strip_parallel", "unwrap_module"]
 
 
 def strip_parallel(model: nn.Module) -> nn.Module:
@@ -149,10 +149,7 @@ class Strategy(ABC):
         """Let ranks with fewer batches shadow the others' collectives (torch ``Join``), when
         ``enable``. Strategies without it warn when distributed, as Accelerate does."""
         if self.ctx.is_distributed:
-            warnings.warn(
-                "joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP "
-                f"training; with {self.distributed_type.value} `join_uneven_inputs` has no "
-                "effect", stacklevel=4)
+            return no_join(self.distributed_type, stacklevel=4)
         return contextlib.nullcontext()
 
     def after_backward(self) -> None:
@@ -182,3 +179,14 @@ class Strategy(ABC):
                               strict: bool = True) -> Any:
         """Load a full state dict into the user's module; returns missing/unexpected keys."""
         return self.unwrap(model).load_state_dict(state, strict=strict)
+
+
+def no_join(distributed_type: DistributedType, stacklevel: int = 2
+            ) -> contextlib.AbstractContextManager[None]:
+    """``join_uneven_inputs`` where torch's Join does not apply (not DDP): Accelerate's warning
+    (``stacklevel`` counted from the caller of this function) and a block that changes
+    nothing."""
+    warnings.warn("joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP "
+                  f"training; with {distributed_type.value} `join_uneven_inputs` has no effect",
+                  stacklevel=stacklevel + 1)
+    return contextlib.nullcontext()

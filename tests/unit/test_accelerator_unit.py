@@ -319,9 +319,10 @@ def test_state_debug_and_distributed_type_can_be_set_as_in_accelerate() -> None:
             os.environ["ACCEL_DEBUG"] = previous
     acc.state.distributed_type = "FSDP"
     assert acc.distributed_type is DistributedType.FSDP
-    with pytest.warns(UserWarning, match="only supported for multi-GPU.*FSDP"):
+    with pytest.warns(UserWarning, match="only supported for multi-GPU.*FSDP") as caught:
         with acc.join_uneven_inputs([]):
             pass
+    assert caught[0].filename == __file__  # points at the caller's line
     acc.state.distributed_type = DistributedType.NO
     for cls in (PartialState, AcceleratorState, GradientState):
         cls._reset_state()  # nothing shared to reset: the Accelerator keeps working
