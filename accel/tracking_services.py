@@ -59,6 +59,14 @@ class ServiceTracker(GeneralTracker):
     extra: ClassVar[str] = ""  # the pip extra that installs it
     _run_object: Any = None
     _dropped: frozenset[str] = frozenset()
+    run_name: str | None  # MLflow's may be None (its experiment name comes from elsewhere)
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        """Checks that the library is installed (without importing it); ``kwargs`` go to the
+        library's run constructor in ``start()``."""
+        check_installed(self.package, self.extra)
+        self.run_name = run_name
+        self.init_kwargs = kwargs
 
     def _drop(self, key: str, why: str) -> None:
         """Warn that ``key`` is not recorded, once per key (it would repeat at every step)."""
@@ -92,11 +100,6 @@ class WandBTracker(ServiceTracker):
     requires_logging_directory = False
     package = "wandb"
     extra = "wandb"
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        check_installed(self.package, self.extra)
-        self.run_name = run_name
-        self.init_kwargs = kwargs
 
     def start(self) -> None:
         self._run_object = self._library().init(project=self.run_name, **self.init_kwargs)
@@ -251,11 +254,6 @@ class CometMLTracker(ServiceTracker):
     requires_logging_directory = False
     package = "comet_ml"
     extra = "comet-ml"
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        check_installed(self.package, self.extra)
-        self.run_name = run_name
-        self.init_kwargs = kwargs
 
     def start(self) -> None:
         self._run_object = self._library().start(project_name=self.run_name, **self.init_kwargs)
