@@ -218,6 +218,10 @@ class FullyShardedDataParallelPlugin:
         strategy, given = self.sharding_strategy, self.reshard_after_forward
         if given is not None and not _is_flag(given):
             # Accelerate's FSDP1 spelling of the field: a sharding strategy (name, number, enum)
+            if _enum_name(given).lstrip("_") not in {*_SHARDING, *_SHARDING_BY_NUMBER}:
+                raise ValueError(f"reshard_after_forward={given!r}: expected True or False (or, "
+                                 "as FSDP1 spelled it, a sharding strategy: "
+                                 f"{', '.join(_SHARDING)})")
             name = _sharding_name(given, "reshard_after_forward")
             if strategy is not None and _sharding_name(strategy) != name:
                 raise ValueError(f"sharding_strategy={strategy!r} and reshard_after_forward="

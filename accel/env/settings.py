@@ -27,6 +27,7 @@ __all__ = [
     "ACCEL_VARIABLES",
     "DYNAMO_BACKENDS",
     "DYNAMO_MODES",
+    "FSDP_VARIABLES",
     "AccelVariable",
     "EnvSettings",
     "launch_setting_source",
@@ -99,8 +100,8 @@ DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nv
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-#: FSDP launch settings (Accelerate's names) and what they set.
-_FSDP = (
+#: FSDP launch settings (Accelerate's flag names) and what they set: ``ACCEL_<NAME>``.
+FSDP_VARIABLES: tuple[tuple[str, str], ...] = (
     ("fsdp_version", "1 or 2 (accel always runs FSDP2; 1 maps FSDP1 settings)"),
     ("fsdp_sharding_strategy", "FSDP1's FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | "
      "HYBRID_SHARD_ZERO2 (or 1-5), mapped to reshard_after_forward"),
@@ -228,7 +229,7 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                   "Accelerator() builds its fsdp_plugin from the ACCEL_FSDP_* variables",
                   "use_fsdp", _switch, "use_fsdp"),
     *(AccelVariable(f"ACCEL_{name.upper()}", f"FullyShardedDataParallelPlugin: {text} (accel "
-                    f"launch --{name})", name, _text, name) for name, text in _FSDP),
+                    f"launch --{name})", name, _text, name) for name, text in FSDP_VARIABLES),
     *(AccelVariable(f"ACCEL_PARALLELISM_CONFIG_{name.upper()}", f"ParallelismConfig {name}: "
                     f"{text} (accel launch --parallelism_config_{name})",
                     f"parallelism_config_{name}", _positive, f"parallelism_config_{name}")

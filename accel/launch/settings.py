@@ -33,6 +33,7 @@ from .core import (
     exposed_port_warning,
 )
 from .errors import CLIError
+from .sharding import Lookup, resolve_fsdp
 
 __all__ = ["LOOPBACK", "LaunchSettings", "resolve_settings", "settings_table"]
 
@@ -80,6 +81,10 @@ class LaunchSettings:
     mpirun_hostfile: str | None = None
     #: ``dynamo_*`` settings the user chose (flag, env, config), exported as ``ACCEL_DYNAMO_*``.
     dynamo: dict[str, Any] = field(default_factory=dict)
+    #: shard models with FSDP2 (``--use_fsdp``): ``ACCEL_USE_FSDP`` and the ``fsdp_*`` /
+    #: ``parallelism_config_*`` settings the user chose, exported as ``ACCEL_<NAME>``
+    use_fsdp: bool = False
+    fsdp: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -394,6 +399,9 @@ def resolve_settings(
     threads = _threads(src, cpu_count, total // machines)
     backend = src.get("rdzv_backend", _stripped, default_backend(machines))
     extras = _extras(src, flags, device, warnings)
+    extras.update(resolve_fsdp(Lookup(src.get, src.sources), device=device, total=total,
+                               machines=machines, warnings=warnings,
+                               device_flag=src.device_flag if src.flags.get("device") else None))
     if extras["mpirun_hostfile"] is None:
         ip, port = _rendezvous(src, machines, backend, ip, port, free_port, warnings)
     return LaunchSettings(
@@ -445,7 +453,8 @@ def settings_table(settings: LaunchSettings, config_note: str | None = None) -> 
             value = "all" if settings.device == "cuda" else "-"
         rows.append((name, str(value), settings.sources.get(name, "default")))
     rows += [(name, str(value), settings.sources.get(name, "default"))
-             for name, value in settings.dynamo.items()]
+             for name, value in {**settings.dynamo, **({"use_fsdp": True, **settings.fsdp}
+                                                      if settings.use_fsdp else {})}.items()]
     config = config_note or "none"
     rows.append(("config file", settings.config_file or "-", config))
     width = max(len(row[0]) for row in rows)
