@@ -83,7 +83,7 @@ def test_fsdp1_sharding_strategies_map_to_reshard_and_mesh(value: Any, reshard: 
 
 def test_sharding_errors() -> None:
     with pytest.raises(ValueError, match="NO_SHARD replicates the whole model.*drop "
-                       "fsdp_plugin \\(and --use_fsdp\\) .* dp_replicate_size"):
+                       "fsdp_plugin \\(and --use_fsdp\\) .*dp_replicate_size"):
         Plugin(sharding_strategy="NO_SHARD")
     with pytest.raises(ValueError, match="NO_SHARD"):
         Plugin(sharding_strategy=3)
