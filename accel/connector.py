@@ -319,8 +319,8 @@ def resolve_sharding(plugin: FullyShardedDataParallelPlugin | None,
     A given one that disagrees with those settings wins, with one warning naming them.
 
     Example:
-        >>> resolve_sharding(None, None, env.EnvSettings(
-        ...     use_fsdp=True, fsdp_reshard_after_forward="false"))["fsdp_plugin"].reshard_after_forward
+        >>> found = env.EnvSettings(use_fsdp=True, fsdp_reshard_after_forward="false")
+        >>> resolve_sharding(None, None, found)["fsdp_plugin"].reshard_after_forward
         False
     """
     if plugin is not None and not isinstance(plugin, FullyShardedDataParallelPlugin):
