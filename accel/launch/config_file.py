@@ -263,9 +263,10 @@ def read_config(path: str | os.PathLike[str]) -> ConfigFile:
 def config_to_yaml_dict(
     *, num_machines: int, machine_rank: int, main_process_ip: str | None,
     main_process_port: int | None, use_cpu: bool, num_processes: int, gpu_ids: str | None,
-    mixed_precision: str,
+    mixed_precision: str, fsdp: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The mapping ``accel config`` writes (Accelerate's key names, so both tools read it)."""
+    """The mapping ``accel config`` writes (Accelerate's key names, so both tools read it);
+    ``fsdp``: an ``fsdp_config`` block, for ``distributed_type: FSDP``."""
     out: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": ("MULTI_CPU" if use_cpu else "MULTI_GPU") if num_processes > 1
@@ -280,6 +281,8 @@ def config_to_yaml_dict(
     if num_machines > 1:
         out["main_process_ip"] = main_process_ip
         out["main_process_port"] = main_process_port
+    if fsdp is not None:
+        out["distributed_type"], out["fsdp_config"] = "FSDP", dict(fsdp)
     return out
 
 

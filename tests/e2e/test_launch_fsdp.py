@@ -56,7 +56,7 @@ def test_launch_use_fsdp_builds_the_plugin_in_every_worker(tmp_path: Path) -> No
     assert code == 0, err
     rows = results(out)
     assert sorted(rows) == [0, 1]
-    for rank, row in rows.items():
+    for row in rows.values():
         assert {key: value for key, value in row.items() if key != "rank"} == {
             "distributed_type": "FSDP", "wrap": "transformer_based_wrap", "classes": ["Block"],
             "reshard": False, "state_dict_type": "SHARDED_STATE_DICT", "units": 3}, json.dumps(row)

@@ -4,6 +4,8 @@ plugin ``Accelerator()`` builds from them, without starting workers."""
 
 from __future__ import annotations
 
+import io
+import sys
 import textwrap
 import warnings
 from pathlib import Path
@@ -14,8 +16,8 @@ import pytest
 from accel.connector import resolve_sharding
 from accel.env import EnvSettings, LaunchEnvironmentError, read_settings
 from accel.fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
-from accel.launch import torchrun
-from accel.launch.config_file import read_config
+from accel.launch import cli, core, torchrun
+from accel.launch.config_file import load_yaml, read_config
 from accel.launch.errors import CLIError
 from accel.launch.settings import LaunchSettings, settings_table
 from accel.launch.torchrun import worker_env
@@ -278,3 +280,25 @@ def test_the_worker_side() -> None:
     with pytest.warns(UserWarning, match=r"parallelism_config=...\) overrides "
                       "ACCEL_PARALLELISM_CONFIG_DP_SHARD_SIZE=2"):
         resolve_sharding(same, ParallelismConfig(dp_replicate_size=2), env)
+
+
+def test_accel_config_writes_an_fsdp_file_that_launch_reads(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(core, "gpu_count", lambda: 0)
+    path = tmp_path / "cfg.yaml"
+    # 1 machine, CPU, 2 processes, FSDP2: size-based units of 1000 parameters, ZeRO-2, full
+    # checkpoints (one invalid policy asked again), no mixed precision
+    answers = "1\nyes\n2\nyes\nlayers\nsize_based_wrap\n1000\nno\nfull_state_dict\nno\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(answers))
+    assert cli.main(["config", "--config_file", str(path)]) == 0
+    raw = load_yaml(path)
+    assert (raw["distributed_type"], raw["fsdp_config"]) == ("FSDP", {
+        "fsdp_version": 2, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 1000,
+        "fsdp_reshard_after_forward": False, "fsdp_state_dict_type": "FULL_STATE_DICT"})
+    s = settings(["t.py"], config=read_config(path))
+    assert (s.use_fsdp, s.device, s.num_processes) == (True, "cpu", 2)
+    plugin = in_worker(s)[1]["fsdp_plugin"]
+    assert (plugin.auto_wrap_policy, plugin.min_num_params, plugin.reshard_after_forward,
+            plugin.state_dict_type) == ("size_based_wrap", 1000, False, "FULL_STATE_DICT")
+    assert "please try again" in capsys.readouterr().out
