@@ -56,6 +56,9 @@ class EnvSettings:
     #: None (unset): torch.compile's own default (``dynamic=None``, dynamic after a recompile)
     dynamo_use_dynamic: bool | None = None
     dynamo_use_regional_compilation: bool = False
+    #: ``init_empty_weights()`` / ``init_on_device()`` put buffers on the device too when their
+    #: ``include_buffers`` is left unset (Accelerate's ``ACCELERATE_INIT_INCLUDE_BUFFERS``).
+    init_include_buffers: bool = False
 
 
 #: Accelerate's ``DynamoBackend`` values, lower-cased (``no``: do not compile).
@@ -168,6 +171,9 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", "1 to compile repeated blocks "
                   "once each (regional compilation)", "dynamo_use_regional_compilation",
                   _switch, "dynamo_use_regional_compilation"),
+    AccelVariable("ACCEL_INIT_INCLUDE_BUFFERS", "1 to create buffers on the meta device too "
+                  "under init_empty_weights() / init_on_device() when include_buffers is not "
+                  "given", "init_include_buffers", _switch),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the
