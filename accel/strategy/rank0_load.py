@@ -24,15 +24,16 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from ..distributed import ProcessContext
+
+if TYPE_CHECKING:  # torch.distributed.tensor takes half a second to import: only when loading
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["CpuRamEfficientLoadingError", "capture_full_state", "distribute_from_rank0",
            "meta_tensor_names", "refuse_meta_model"]
@@ -66,8 +67,8 @@ def refuse_meta_model(module: nn.Module, strategy: str) -> None:
     raise ValueError(
         f"prepare() got a model with {len(names)} of its {total} parameters on the meta device "
         f"(e.g. {names[0]!r}: built under init_empty_weights()?), so it has no weights to train "
-        f"under {strategy}. Load its weights before prepare() (model.to_empty(device=...) then "
-        "model.load_state_dict(...)), or train with FSDP and "
+        f"with the {strategy} strategy. Load its weights before prepare() "
+        "(model.to_empty(device=...) then model.load_state_dict(...)), or train with FSDP and "
         "FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True), where rank 0 holds the "
         "weights and the other ranks, built under init_empty_weights(), receive their shards")
 
@@ -99,6 +100,8 @@ def distribute_from_rank0(module: nn.Module, full_state: Mapping[str, torch.Tens
         CpuRamEfficientLoadingError: on every rank, when rank 0 has no real weights or its keys
             or shapes do not match the module's (the message lists them).
     """
+    from torch.distributed.tensor import DTensor
+
     header = _rank0_header(module, full_state) if ctx.rank == 0 else None
     header = _broadcast_object(header)
     if isinstance(header, str):
@@ -190,6 +193,9 @@ def _broadcast_object(value: Any) -> Any:
 def _local_box(name: str, param: torch.Tensor) -> _Box:
     """This rank's (local shape, global offset) of a DTensor parameter (None: not sharded or
     this rank is outside its mesh)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
     if not isinstance(param, DTensor):
         return None
     if not all(isinstance(p, Shard | Replicate) for p in param.placements):

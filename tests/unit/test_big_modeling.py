@@ -163,3 +163,31 @@ def test_an_empty_model_does_not_take_memory() -> None:
     assert grown["model"] > 2**30
     assert grown["empty"] < 32 * 2**20, grown
     assert grown["real"] > 100 * 2**20, grown  # the measurement sees a real build
+
+
+def test_preparing_an_empty_model_says_how_to_fill_it() -> None:
+    with init_empty_weights():
+        model = Tied()
+    for accelerator in (accel.Accelerator(), accel.Accelerator(device_placement=False)):
+        with pytest.raises(ValueError, match=r"5 of its 5 parameters on the meta device") as err:
+            accelerator.prepare(model)
+        assert "cpu_ram_efficient_loading=True" in str(err.value)
+        assert "model.to_empty(device=...)" in str(err.value)
+    model.to_empty(device="cpu")  # filled: prepared as usual
+    assert accel.Accelerator().prepare(model) is not None
+
+
+def test_rank0_state_includes_non_persistent_buffers() -> None:
+    from accel.strategy.rank0_load import capture_full_state, meta_tensor_names
+
+    model = Tied()
+    state = capture_full_state(model)
+    assert set(state) == set(model.state_dict()) | {"positions"}
+    assert state["head.weight"] is not model.head.weight  # detached views, not parameters
+    assert state["head.weight"].data_ptr() == model.embed.weight.data_ptr()  # no copy
+    assert not any(t.requires_grad for t in state.values())
+    with init_empty_weights():
+        empty = Tied()
+    assert meta_tensor_names(empty) == ["embed.weight", "body.weight", "body.bias",
+                                        "norm.weight", "norm.bias"]
+    assert meta_tensor_names(model) == []
