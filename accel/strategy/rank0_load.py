@@ -36,14 +36,17 @@ if TYPE_CHECKING:  # torch.distributed.tensor takes half a second to import: onl
     from torch.distributed.tensor import DTensor
 
 __all__ = ["CpuRamEfficientLoadingError", "capture_full_state", "distribute_from_rank0",
-           "meta_tensor_names", "refuse_meta_model"]
+           "meta_tensor_names", "refuse_meta_model", "to_meta"]
 
 _FIX_RANK0 = ("with cpu_ram_efficient_loading=True rank 0 holds the real weights: build (or "
               "load) the model normally on rank 0 and under init_empty_weights() on the other "
               "ranks only")
 
-#: (global shape, dtype name) of each entry of rank 0's full state, or an error to raise
-_Header = dict[str, tuple[tuple[int, ...], str]] | str
+#: global shape of each entry of rank 0's full state
+_Shapes = dict[str, tuple[int, ...]]
+#: what rank 0 offers: its shapes and its parameter names once each (tied ones once), or an
+#: error to raise
+_Header = tuple[_Shapes, list[str]] | str
 #: a shard this rank holds: (local shape, offset in the full tensor); None: not in the mesh
 _Box = tuple[tuple[int, ...], tuple[int, ...]] | None
 
@@ -82,6 +85,29 @@ def capture_full_state(module: nn.Module) -> dict[str, torch.Tensor]:
     for name, buffer in module.named_buffers():
         state.setdefault(name, buffer.detach())
     return state
+
+
+def to_meta(module: nn.Module) -> None:
+    """Move ``module``'s parameters and buffers to the meta device in place, keeping shared
+    (tied) tensors shared (``module.to("meta")`` would untie them) and parameter classes."""
+    moved: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for name, tensor in table.items():
+                if tensor is None:
+                    continue
+                if id(tensor) not in moved:
+                    moved[id(tensor)] = _meta_copy(tensor)
+                table[name] = moved[id(tensor)]  # type: ignore[assignment]
+
+
+def _meta_copy(tensor: torch.Tensor) -> torch.Tensor:
+    empty = torch.empty_like(tensor, device="meta")
+    if not isinstance(tensor, nn.Parameter):
+        return empty
+    param = type(tensor)(empty, requires_grad=tensor.requires_grad)
+    param.__dict__.update(tensor.__dict__)
+    return param
 
 
 def distribute_from_rank0(module: nn.Module, full_state: Mapping[str, torch.Tensor] | None,
@@ -147,10 +173,11 @@ def _rank0_header(module: nn.Module, full_state: Mapping[str, torch.Tensor] | No
         return (f"rank 0's buffers {missing} are on the meta device and not in its state: "
                 f"build them with real values on rank 0 (init_empty_weights(include_buffers="
                 f"False) there, or no init_empty_weights at all); {_FIX_RANK0}")
-    return {name: (tuple(t.shape), str(t.dtype)) for name, t in full_state.items()}
+    shapes = {name: tuple(t.shape) for name, t in full_state.items()}
+    return shapes, [name for name, _ in module.named_parameters()]
 
 
-def _agree_on_keys(module: nn.Module, header: dict[str, tuple[tuple[int, ...], str]],
+def _agree_on_keys(module: nn.Module, header: tuple[_Shapes, list[str]],
                    ctx: ProcessContext) -> None:
     """Every rank checks its module against rank 0's state; all raise if any rank found a
     problem, so that no rank is left waiting in a send."""
@@ -165,19 +192,24 @@ def _agree_on_keys(module: nn.Module, header: dict[str, tuple[tuple[int, ...], s
             "init_empty_weights()), and give rank 0 weights for exactly its keys")
 
 
-def _key_problem(module: nn.Module, header: dict[str, tuple[tuple[int, ...], str]]
-                 ) -> str | None:
+def _key_problem(module: nn.Module, header: tuple[_Shapes, list[str]]) -> str | None:
     expected = {name: tuple(t.shape) for name, t in module.state_dict(keep_vars=True).items()
                 if isinstance(t, torch.Tensor)}
     extra = {name for name, _ in module.named_buffers()}  # non-persistent ones may be offered
-    missing = sorted(set(expected) - set(header))
-    unexpected = sorted(set(header) - set(expected) - extra)
-    shapes = sorted(f"{name} {list(header[name][0])} (model: {list(shape)})"
+    offered, rank0_params = header
+    missing = sorted(set(expected) - set(offered))
+    unexpected = sorted(set(offered) - set(expected) - extra)
+    shapes = sorted(f"{name} {list(offered[name])} (model: {list(shape)})"
                     for name, shape in expected.items()
-                    if name in header and header[name][0] != shape)
+                    if name in offered and offered[name] != shape)
+    mine = [name for name, _ in module.named_parameters()]
+    tied = sorted(set(mine) ^ set(rank0_params)) or (["(same names, other order)"]
+                                                     if mine != rank0_params else [])
+    checks = (("missing keys", missing), ("unexpected keys", unexpected),
+              ("shape mismatches", shapes),
+              ("parameters unlike rank 0's (tied on one side only?)", tied))
     parts = [f"{what} {names[:5]}{' ...' if len(names) > 5 else ''}"
-             for what, names in (("missing keys", missing), ("unexpected keys", unexpected),
-                                 ("shape mismatches", shapes)) if names]
+             for what, names in checks if names]
     return ", ".join(parts) or None
 
 

@@ -115,10 +115,13 @@ def _errors(rank: int, mesh: Any, ctx: Any) -> dict[str, str]:
         "shape": lambda m: capture_full_state(m) | {"blocks.0.weight": torch.zeros(3, 24)},
         "meta": lambda m: capture_full_state(m.to("meta")),
         "none": lambda m: None,
+        "tied": capture_full_state,  # rank 0's model below unties its head
     }
     for case, make_state in cases.items():
         with init_empty_weights():
             model = Net()
+        if case == "tied" and rank == 0:
+            model.head.weight = nn.Parameter(torch.empty(37, 24, device="meta"))
         full = make_state(Net()) if rank == 0 else None
         _shard(model, mesh)
         try:
@@ -149,7 +152,11 @@ def test_rank0_loading_sends_each_rank_only_its_shards() -> None:
     assert 0 < worker["largest_allocation"] < worker["smallest_param_bytes"], worker
     for out in results:  # the same error on every rank, saying how to fix it
         errors = out["errors"]
-        assert set(errors) == {"keys", "shape", "meta", "none"}, errors
+        assert set(errors) == {"keys", "shape", "meta", "none", "tied"}, errors
+        assert "rank 0: parameters unlike rank 0's (tied on one side only?) ['head.weight']" \
+            not in errors["tied"]  # rank 0 agrees with itself; rank 1 names the difference
+        assert "rank 1: parameters unlike rank 0's (tied on one side only?) ['head.weight']" \
+            in errors["tied"]
         assert "missing keys ['scale']" in errors["keys"]
         assert "unexpected keys ['extra.weight']" in errors["keys"]
         assert "blocks.0.weight [3, 24] (model: [24, 24])" in errors["shape"]
@@ -180,3 +187,53 @@ def test_rank0_loading_on_a_2x2_hsdp_mesh() -> None:
             assert 0 < out["largest_allocation"] < out["smallest_param_bytes"], (rank, out)
     # shard coordinate 0 (ranks 0 and 2) holds 19 rows, coordinate 1 (ranks 1 and 3) 18
     assert [out["local_rows"][0] for out in results] == [19, 18, 19, 18]
+
+
+def _accelerator_worker(rank: int) -> dict[str, Any]:
+    """Through Accelerator: rank ≥ 1 builds the model under init_empty_weights; it trains like
+    a plain model with the same seed (each rank half of the batch; plain: the whole batch)."""
+    from accel import Accelerator, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True)
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    torch.manual_seed(0)
+    plain = Net()
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        if rank == 0:
+            model = Net()
+        else:
+            with init_empty_weights(include_buffers=True):
+                model = Net()
+        model = accelerator.prepare(model)
+    out: dict[str, Any] = {"largest_allocation": _largest_allocation(prof),
+                           "smallest_param_bytes": 24 * 24 * 4,
+                           "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
+                           "tied": model.head.weight is model.embed.weight}
+    full = accelerator.get_state_dict(model)
+    if rank == 0:
+        out["state_equal"] = (full.keys() == plain.state_dict().keys() and all(
+            torch.equal(full[k], v) for k, v in plain.state_dict().items()))
+    opt = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.5))
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.5)
+    tokens = torch.tensor([[1, 5, 36, 0], [2, 2, 30, 7], [9, 8, 7, 6], [0, 1, 2, 3]])
+    half = tokens[2 * rank:2 * rank + 2]
+    accelerator.backward(model(half).square().mean())
+    opt.step()
+    plain(tokens).square().mean().backward()
+    plain_opt.step()
+    trained = accelerator.get_state_dict(model)
+    if rank == 0:
+        out["trained_diff"] = max(float((trained[k] - v).abs().max())
+                                  for k, v in plain.state_dict().items())
+    return out
+
+
+@pytest.mark.slow
+def test_accelerator_rank0_loading_end_to_end() -> None:
+    results = run_workers(_accelerator_worker, 2, timeout=240)
+    for out in results:
+        assert out["sharded"] and out["tied"], out
+    assert results[0]["state_equal"], results[0]
+    assert results[0]["trained_diff"] < 1e-5, results[0]  # fp32: shard-wise reduction order
+    assert 0 < results[1]["largest_allocation"] < results[1]["smallest_param_bytes"], results[1]
