@@ -119,6 +119,13 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
             opt.step()
             opt.zero_grad()
     facts["no_sync_held"] = all(held)
+    refused = []
+    for obj in (model, model.state_dict()):  # shards: refused on every rank, naming the way
+        try:
+            acc.save(obj, "unused.safetensors")
+        except ValueError as exc:
+            refused.append("get_state_dict(model) on every rank" in str(exc))
+    facts["save_refuses_shards"] = refused == [True, True]
     facts["block_forwards_per_batch"] = calls[0] / len(loader)
     full = acc.get_state_dict(model)
     facts["unwrapped_is_model"] = acc.unwrap_model(model) is model
@@ -187,7 +194,7 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
         assert diff <= 1e-5, (order, diff)
         assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
                          "dtensor": "DTensor", "mesh": (2,), "units": 4, "no_sync_held": True,
-                         "block_forwards_per_batch": 1.0,
+                         "block_forwards_per_batch": 1.0, "save_refuses_shards": True,
                          "unwrapped_is_model": True}, (order, facts)
         assert other[order][0] == 0  # the full state dict is gathered on rank 0 only
     assert main["accumulate"][0] <= 1e-5 and main["accumulate"][1], main["accumulate"]
