@@ -13,6 +13,7 @@ tensor at a time onto rank 0 (CPU); sharded ones are what the checkpoint protoco
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from ..config import DistributedDataParallelKwargs, DistributedType, PrecisionTy
 from ..distributed import ProcessContext
 from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .base import Strategy, strip_compile
-from .fsdp_units import check_shared_parameters, ignored_parameters, select_units
+from .fsdp_units import ignored_parameters, select_units
 from .rank0_load import capture_full_state, distribute_from_rank0, refuse_meta_model, to_meta
 
 __all__ = ["FSDPStrategy", "MeshHolder", "fsdp_modules"]
@@ -108,7 +109,7 @@ class FSDPStrategy(Strategy):
         policy = self.plugin.mixed_precision_policy or self._policy_from_precision()
         if policy is not None:
             kwargs["mp_policy"] = policy
-        if self.plugin.cpu_offload:
+        if self.plugin.cpu_offload and self.ctx.device.type != "cpu":
             kwargs["offload_policy"] = CPUOffloadPolicy()
         if ignored:
             kwargs["ignored_params"] = ignored
@@ -136,7 +137,10 @@ class FSDPStrategy(Strategy):
         model = self.place_model(model)
         ignored_modules, ignored = ignored_parameters(model, self.plugin)
         units = select_units(model, self.plugin, ignored_modules)
-        check_shared_parameters(model, units)
+        if self.plugin.cpu_offload and self.ctx.device.type == "cpu" and \
+                self.ctx.is_main_process:
+            warnings.warn("cpu_offload has no effect on a CPU run: the shards are in CPU "
+                          "memory already", stacklevel=5)
         if self.plugin.activation_checkpointing:
             from torch.distributed._composable.checkpoint_activation import checkpoint
 
@@ -148,6 +152,7 @@ class FSDPStrategy(Strategy):
         fully_shard(model, **kwargs)
         if full_state is not None:
             self._load_from_rank0(model, full_state)
+        _average_ignored_gradients(model, ignored, self.ctx.world_size)
         return model
 
     def _check_initialisation(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
@@ -234,6 +239,23 @@ class FSDPStrategy(Strategy):
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                    strict=strict)
         return set_model_state_dict(self.unwrap(model), dict[str, Any](state), options=options)
+
+
+def _average_ignored_gradients(model: nn.Module, ignored: set[nn.Parameter], world: int
+                               ) -> None:
+    """Average the gradients of trainable ``ignored_modules`` parameters over the ranks in the
+    backward passes that synchronise (FSDP neither shards nor reduces them; left alone, the
+    ranks' copies would drift apart)."""
+    trainable = [p for p in ignored if p.requires_grad]
+    if world == 1 or not trainable:
+        return
+
+    def hook(param: torch.Tensor) -> None:
+        if param.grad is not None and getattr(model, _SYNC_ATTR, True):
+            dist.all_reduce(param.grad)
+            param.grad.div_(world)
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager

@@ -23,7 +23,9 @@ from accel.connector import UNSUPPORTED_ARGUMENTS
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN, END = "<!-- accelerate-names -->", "<!-- /accelerate-names -->"
 
-_FSDP = "FSDP / tensor / context parallelism: not yet (FSDP2 on torch's `fully_shard` is planned)"
+_FSDP = ("Accelerate's FSDP internals (accel's FSDP2 runs through `prepare()` with `fsdp_plugin=`; "
+         "`accel merge-weights` consolidates sharded checkpoints), or tensor / context "
+         "parallelism (not supported)")
 _BIG = "big-model inference (device maps, offload): not yet (planned)"
 _DS = "DeepSpeed is not supported (use DDP, the default)"
 _MEGATRON = "Megatron-LM is not supported"
