@@ -50,8 +50,8 @@ NOT_PROVIDED: list[tuple[str, str]] = [
     (r"(?i)device_map|offload|tied_param|retie|balanced_memory|max_memory|module_sizes|"
      r"max_layer_size|module_tensor|align_module_device|checkpoint_in_model|maximum_sizes|"
      r"find_tied|dtype_byte_size|file_size_to_int|submodules_state_dict|id_tensor_storage|"
-     r"clean_state_dict_for_safetensors|convert_bytes|init_empty_weights|init_on_device|"
-     r"^dispatch_model$|^big_modeling$|^hooks$|^load_state_dict$|get_module_children_bottom_up",
+     r"clean_state_dict_for_safetensors|convert_bytes|"
+     r"^dispatch_model$|^hooks$|^load_state_dict$|get_module_children_bottom_up",
      _BIG),
     (r"(?i)pippy|^inference$", "pipeline-parallel inference is not supported"),
     (r"(?i)profil", _PROFILE),
