@@ -145,11 +145,6 @@ class Options:
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
     parallelism_config: ParallelismConfig | None = None
 
-    @property
-    def shards(self) -> bool:
-        """Whether models are sharded (FSDP): a plugin, or a mesh that shards."""
-        return self.fsdp_plugin is not None or self.parallelism_config is not None
-
 
 @dataclass(frozen=True)
 class ProcessSetup:

@@ -57,6 +57,9 @@ class EnvSettings:
     #: None (unset): torch.compile's own default (``dynamic=None``, dynamic after a recompile)
     dynamo_use_dynamic: bool | None = None
     dynamo_use_regional_compilation: bool = False
+    #: ``init_empty_weights()`` / ``init_on_device()`` put buffers on the device too when their
+    #: ``include_buffers`` is left unset (Accelerate's ``ACCELERATE_INIT_INCLUDE_BUFFERS``).
+    init_include_buffers: bool = False
     #: FSDP (``accel launch --use_fsdp --fsdp_* ...``): ``Accelerator()`` builds its
     #: ``FullyShardedDataParallelPlugin`` from the ``fsdp_*`` values (as written, validated by
     #: the launcher and again by the plugin) and its ``ParallelismConfig`` from the sizes.
@@ -225,6 +228,9 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", "1 to compile repeated blocks "
                   "once each (regional compilation)", "dynamo_use_regional_compilation",
                   _switch, "dynamo_use_regional_compilation"),
+    AccelVariable("ACCEL_INIT_INCLUDE_BUFFERS", "1 to create buffers on the meta device too "
+                  "under init_empty_weights() / init_on_device() when include_buffers is not "
+                  "given", "init_include_buffers", _switch),
     AccelVariable("ACCEL_USE_FSDP", "1 to shard models with FSDP2 (accel launch --use_fsdp); "
                   "Accelerator() builds its fsdp_plugin from the ACCEL_FSDP_* variables",
                   "use_fsdp", _switch, "use_fsdp"),

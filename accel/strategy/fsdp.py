@@ -13,6 +13,7 @@ tensor at a time onto rank 0 (CPU); sharded ones are what the checkpoint protoco
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,8 @@ from ..config import DistributedDataParallelKwargs, DistributedType, PrecisionTy
 from ..distributed import ProcessContext
 from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .base import Strategy, strip_compile
-from .fsdp_units import check_shared_parameters, ignored_parameters, select_units
+from .fsdp_units import ignored_parameters, select_units
+from .rank0_load import capture_full_state, distribute_from_rank0, refuse_meta_model, to_meta
 
 __all__ = ["FSDPStrategy", "MeshHolder", "fsdp_modules"]
 
@@ -107,7 +109,7 @@ class FSDPStrategy(Strategy):
         policy = self.plugin.mixed_precision_policy or self._policy_from_precision()
         if policy is not None:
             kwargs["mp_policy"] = policy
-        if self.plugin.cpu_offload:
+        if self.plugin.cpu_offload and self.ctx.device.type != "cpu":
             kwargs["offload_policy"] = CPUOffloadPolicy()
         if ignored:
             kwargs["ignored_params"] = ignored
@@ -135,7 +137,10 @@ class FSDPStrategy(Strategy):
         model = self.place_model(model)
         ignored_modules, ignored = ignored_parameters(model, self.plugin)
         units = select_units(model, self.plugin, ignored_modules)
-        check_shared_parameters(model, units)
+        if self.plugin.cpu_offload and self.ctx.device.type == "cpu" and \
+                self.ctx.is_main_process:
+            warnings.warn("cpu_offload has no effect on a CPU run: the shards are in CPU "
+                          "memory already", stacklevel=5)
         if self.plugin.activation_checkpointing:
             from torch.distributed._composable.checkpoint_activation import checkpoint
 
@@ -145,28 +150,25 @@ class FSDPStrategy(Strategy):
         for _, unit in units:
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
-        if full_state is not None or _is_meta(model):
+        if full_state is not None:
             self._load_from_rank0(model, full_state)
+        _average_ignored_gradients(model, ignored, self.ctx.world_size)
         return model
 
     def _check_initialisation(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         """Rank 0's full state to send to the others with ``cpu_ram_efficient_loading`` (an
-        empty dict on other ranks), else None; meta weights without it are refused."""
-        meta = _is_meta(model)
+        empty dict on other ranks), else None; meta weights without it are refused.
+
+        With rank-0 loading every rank's model then goes to the meta device: ``fully_shard``
+        never places a full copy on the device, and each rank materialises its shards only.
+        A meta model on rank 0 is refused by :func:`distribute_from_rank0` on every rank at
+        once (raising here on rank 0 alone would leave the others waiting for it)."""
         if not self.plugin.cpu_ram_efficient_loading:
-            if meta:
-                raise ValueError("the model has parameters on the meta device (built under "
-                                 "init_empty_weights()), which only rank-0 loading can fill: "
-                                 "pass FullyShardedDataParallelPlugin(cpu_ram_efficient_loading="
-                                 "True) with real weights on rank 0")
+            refuse_meta_model(model, self.name)
             return None
-        if self.ctx.is_main_process:
-            if meta:
-                raise ValueError("cpu_ram_efficient_loading: rank 0 must hold the real weights "
-                                 "(build the model normally there, and under "
-                                 "init_empty_weights() on the other ranks)")
-            return {k: v.detach() for k, v in model.state_dict().items()}
-        return {}
+        state = capture_full_state(model) if self.ctx.is_main_process else {}
+        to_meta(model)
+        return state
 
     def _broadcast_from_rank0(self, model: nn.Module) -> None:
         """Start every rank from rank 0's parameters and buffers, as DDP does."""
@@ -179,17 +181,11 @@ class FSDPStrategy(Strategy):
             if data is not tensor.data:
                 tensor.data.copy_(data)
 
-    def _load_from_rank0(self, model: nn.Module, full_state: dict[str, torch.Tensor] | None
-                         ) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
-
-        if _is_meta(model):
-            model.to_empty(device=self.ctx.device)
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(model, dict(full_state or {}), options=options)
+    def _load_from_rank0(self, model: nn.Module, full_state: dict[str, torch.Tensor]) -> None:
+        """Rank 0 sends each rank its own shards (no rank but 0 holds a full parameter)."""
+        device = torch.device("cpu") if self.plugin.cpu_offload else self.ctx.device
+        distribute_from_rank0(model, full_state if self.ctx.is_main_process else None,
+                              self.ctx, device)
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Refuse an optimizer that already holds state: it was made for the unsharded
@@ -243,6 +239,23 @@ class FSDPStrategy(Strategy):
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                    strict=strict)
         return set_model_state_dict(self.unwrap(model), dict[str, Any](state), options=options)
+
+
+def _average_ignored_gradients(model: nn.Module, ignored: set[nn.Parameter], world: int
+                               ) -> None:
+    """Average the gradients of trainable ``ignored_modules`` parameters over the ranks in the
+    backward passes that synchronise (FSDP neither shards nor reduces them; left alone, the
+    ranks' copies would drift apart)."""
+    trainable = [p for p in ignored if p.requires_grad]
+    if world == 1 or not trainable:
+        return
+
+    def hook(param: torch.Tensor) -> None:
+        if param.grad is not None and getattr(model, _SYNC_ATTR, True):
+            dist.all_reduce(param.grad)
+            param.grad.div_(world)
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager

@@ -1,9 +1,10 @@
-"""Which submodules of a model become FSDP units, and the checks that make sharding safe.
+"""Which submodules of a model become FSDP units, and which parameters FSDP leaves alone.
 
 A unit is a module ``fully_shard`` is applied to: its parameters are gathered together before
 its forward and freed after. Units are chosen by the plugin's ``auto_wrap_policy`` and returned
 in post-order (children before parents), the order in which they must be sharded; the root is
-always sharded last, by the caller, and holds every parameter no unit took.
+always sharded last, by the caller, and holds every parameter no unit took. A module holding a
+parameter that is also used outside it (a tied weight) is never made a unit of its own.
 
 Example:
     >>> from torch import nn
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,7 +28,7 @@ from torch import nn
 
 from ..fsdp_config import FullyShardedDataParallelPlugin
 
-__all__ = ["check_shared_parameters", "ignored_parameters", "select_units"]
+__all__ = ["ignored_parameters", "select_units"]
 
 
 def _post_order(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
@@ -96,10 +98,31 @@ def select_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin,
             chosen = numel >= plugin.min_num_params  # type: ignore[operator]
         else:
             chosen = _call_policy(policy, module, numel)  # type: ignore[arg-type]
-        if chosen:
+        if chosen and not _shares_outside(model, name, module, policy):
             units.append((name, module))
             taken.update(id(p) for p in free)
     return units
+
+
+def _shares_outside(model: nn.Module, name: str, module: nn.Module, policy: Any) -> bool:
+    """Whether ``module`` holds a parameter that a module outside it uses too (a tied weight):
+    as a unit it would own the parameter and gather it for its own forward only, so the other
+    use would read a shard. Such a module is not made a unit (its parameters stay with the
+    enclosing unit, which gathers them for both uses); a named class is warned about."""
+    inside = {id(m) for m in module.modules()}
+    own = {id(p) for p in module.parameters()}
+    for other_name, other in model.named_modules():
+        if id(other) in inside:
+            continue
+        shared = [n for n, p in other.named_parameters(recurse=False) if id(p) in own]
+        if shared:
+            if policy == "transformer_based_wrap":
+                warnings.warn(f"FSDP: {name} ({type(module).__name__}) is not sharded as a unit "
+                              f"of its own: it shares a parameter with {other_name or 'the root'}"
+                              f".{shared[0]} (a tied weight), so it stays in the enclosing unit",
+                              stacklevel=6)
+            return True
+    return False
 
 
 def _within(module: nn.Module, container: nn.Module) -> bool:
@@ -131,29 +154,3 @@ def ignored_parameters(model: nn.Module, plugin: FullyShardedDataParallelPlugin
             raise ValueError(f"ignored_modules has modules that are not part of the model: "
                              f"{outside}")
     return modules, {p for m in modules for p in m.parameters()}
-
-
-def check_shared_parameters(model: nn.Module, units: list[tuple[str, nn.Module]]) -> None:
-    """Refuse a parameter that two units would both need (a tied weight used inside a unit and
-    outside it): FSDP gathers a parameter only for the unit that owns it, so the other use
-    would read a shard.
-
-    Raises:
-        ValueError: naming the parameter, the unit that would own it and where else it is used.
-    """
-    owner: dict[int, str] = {}
-    for name, unit in units:  # post-order: the innermost unit takes a parameter first
-        for p in unit.parameters():
-            owner.setdefault(id(p), name)
-    for mod_name, module in model.named_modules():
-        for p_name, p in module.named_parameters(recurse=False):
-            unit_name = owner.get(id(p))
-            if unit_name is None:
-                continue
-            if mod_name != unit_name and not mod_name.startswith(unit_name + "."):
-                full = f"{mod_name}.{p_name}" if mod_name else p_name
-                raise ValueError(
-                    f"parameter {full} is shared with unit {unit_name!r} (a tied weight), but is "
-                    f"used outside it; FSDP would hand that use a shard. Do not make {unit_name!r} "
-                    "a unit of its own (change auto_wrap_policy / transformer_cls_names_to_"
-                    "wrap) or untie the weight")

@@ -74,12 +74,12 @@ def _reference(accumulate: int = 1, clip: float | None = None) -> tuple[dict[str
 
 
 def _train(order: str, accumulate: int = 1, clip: float | None = None,
-           mixed_precision: str = "no", parallelism: Any = None
+           mixed_precision: str = "no", parallelism: Any = None, **plugin_kwargs: Any
            ) -> tuple[dict[str, torch.Tensor], list[float], dict[str, Any]]:
-    from accel import (Accelerator, DistributedType, FullyShardedDataParallelPlugin)
+    from accel import Accelerator, DistributedType, FullyShardedDataParallelPlugin
 
-    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap",
-                                            transformer_cls_names_to_wrap=["Block"])
+    plugin = FullyShardedDataParallelPlugin(**(plugin_kwargs or {
+        "auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]}))
     acc = Accelerator(cpu=True, fsdp_plugin=plugin, gradient_accumulation_steps=accumulate,
                       mixed_precision=mixed_precision, parallelism_config=parallelism)
     torch.manual_seed(0)
@@ -105,6 +105,9 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
     from torch.distributed.fsdp import FSDPModule
 
     facts["mesh"] = tuple(acc.torch_device_mesh.shape)
+    facts["shard_rank"] = acc.data_parallel_shard_rank
+    calls = [0]
+    model.blocks[0].lin.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     facts["units"] = sum(isinstance(m, FSDPModule) for m in model.modules())
     norms, held = [], []
     for tokens, targets in loader:
@@ -117,6 +120,14 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
             opt.step()
             opt.zero_grad()
     facts["no_sync_held"] = all(held)
+    refused = []
+    for obj in (model, model.state_dict()):  # shards: refused on every rank, naming the way
+        try:
+            acc.save(obj, "unused.safetensors")
+        except ValueError as exc:
+            refused.append("get_state_dict(model) on every rank" in str(exc))
+    facts["save_refuses_shards"] = refused == [True, True]
+    facts["block_forwards_per_batch"] = calls[0] / len(loader)
     full = acc.get_state_dict(model)
     facts["unwrapped_is_model"] = acc.unwrap_model(model) is model
     return full, norms, facts
@@ -144,6 +155,35 @@ def _fsdp_worker(rank: int) -> dict[str, Any]:
                    max(abs(a - b) for a, b in zip(norms, ref_norms, strict=True)))
     full, _, _ = _train("together", mixed_precision="bf16")
     out["bf16"] = _close(full, ref) if rank == 0 else len(full)
+    out["variants"] = _variants(rank, ref)
+    return out
+
+
+def _variants(rank: int, ref: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Plugin settings that change how, not what, the model trains: each must match ``ref``."""
+    variants: dict[str, dict[str, Any]] = {
+        # recomputes each block's forward in backward
+        "activation_checkpointing": {"transformer_cls_names_to_wrap": ["Block"],
+                                     "activation_checkpointing": True},
+        "reshard_after_forward_false": {"transformer_cls_names_to_wrap": ["Block"],
+                                        "reshard_after_forward": False},
+        # the embedding (128 parameters) qualifies, but its weight is tied to the head: it must
+        # stay in the root's unit, not become one that hands the head a shard
+        "size_based": {"auto_wrap_policy": "size_based_wrap", "min_num_params": 50},
+        "no_wrap": {"auto_wrap_policy": "no_wrap"},
+        # trainable but not sharded: its gradients must still be averaged over the ranks
+        "ignored_regex": {"transformer_cls_names_to_wrap": ["Block"],
+                          "ignored_modules": r"blocks\.1\.norm"},
+        "cpu_offload_on_cpu": {"transformer_cls_names_to_wrap": ["Block"], "cpu_offload": True},
+    }
+    out: dict[str, Any] = {}
+    for name, kwargs in variants.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            full, _, facts = _train("together", **kwargs)
+        out[name] = {"diff": _close(full, ref) if rank == 0 else len(full),
+                     "units": facts["units"], "forwards": facts["block_forwards_per_batch"],
+                     "warned": any("no effect on a CPU run" in str(w.message) for w in caught)}
     return out
 
 
@@ -154,14 +194,28 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
         diff, facts = main[order]
         assert diff <= 1e-5, (order, diff)
         assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
-                         "dtensor": "DTensor", "mesh": (2,), "units": 4, "no_sync_held": True,
+                         "dtensor": "DTensor", "mesh": (2,), "shard_rank": 0, "units": 4, "no_sync_held": True,
+                         "block_forwards_per_batch": 1.0, "save_refuses_shards": True,
                          "unwrapped_is_model": True}, (order, facts)
         assert other[order][0] == 0  # the full state dict is gathered on rank 0 only
+        assert other[order][1]["shard_rank"] == 1
     assert main["accumulate"][0] <= 1e-5 and main["accumulate"][1], main["accumulate"]
     assert main["clip"][0] <= 1e-5 and main["clip"][1] <= 1e-5, main["clip"]
     # bf16 parameters and reductions for 4 AdamW steps at lr 1e-2: bf16 rounding (8 bits of
     # mantissa, relative 4e-3) of weights of order 1 moves them by a few 1e-3
     assert main["bf16"] <= 2e-2, main["bf16"]
+    variants = main["variants"]
+    assert all(v["diff"] <= 1e-5 for v in variants.values()), variants
+    assert all(v["diff"] == 0 for v in other["variants"].values()), other["variants"]
+    units = {name: v["units"] for name, v in variants.items()}
+    # size-based: the blocks' Linear layers (72 parameters each) and the root, never the tied
+    # embedding (128)
+    assert units == {"activation_checkpointing": 4, "reshard_after_forward_false": 4,
+                     "size_based": 4, "no_wrap": 1, "ignored_regex": 4,
+                     "cpu_offload_on_cpu": 4}, units
+    assert variants["activation_checkpointing"]["forwards"] == 2.0, variants
+    assert variants["no_wrap"]["forwards"] == 1.0, variants
+    assert variants["cpu_offload_on_cpu"]["warned"], variants
 
 
 def _hsdp_worker(rank: int) -> dict[str, Any]:
@@ -179,6 +233,8 @@ def test_hsdp_on_a_two_by_two_mesh_matches_one_process() -> None:
     results = run_workers(_hsdp_worker, 4, timeout=300)
     assert results[0]["diff"] <= 1e-5, results[0]
     assert all(r["diff"] == 0 for r in results[1:]), results
+    # rows replicate, columns shard: ranks 0, 2 hold the first half of each parameter
+    assert [r["facts"]["shard_rank"] for r in results] == [0, 1, 0, 1]
     facts = results[0]["facts"]
     assert facts["mesh"] == (2, 2) and facts["units"] == 4 and facts["opt_sees_shards"], facts
 
