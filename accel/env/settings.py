@@ -232,7 +232,7 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                   "under init_empty_weights() / init_on_device() when include_buffers is not "
                   "given", "init_include_buffers", _switch),
     AccelVariable("ACCEL_USE_FSDP", "1 to shard models with FSDP2 (accel launch --use_fsdp); "
-                  "Accelerator() builds its fsdp_plugin from the ACCEL_FSDP_* variables",
+                  "Accelerator() builds its fsdp_plugin from the FSDP variables below",
                   "use_fsdp", _switch, "use_fsdp"),
     *(AccelVariable(f"ACCEL_{name.upper()}", f"FullyShardedDataParallelPlugin: {text} (accel "
                     f"launch --{name})", name, _text, name) for name, text in FSDP_VARIABLES),
