@@ -32,6 +32,18 @@ def test_cpu_benchmark_runs(script: str, title: str) -> None:
     assert "accelerate" not in done.stdout, done.stdout  # --no-accelerate: no third column
 
 
+@pytest.mark.slow
+def test_fsdp_benchmark_runs() -> None:
+    done = _run(str(BENCH / "bench_fsdp.py"), "--quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "Wall time per FSDP training step" in out and "CPU time per FSDP" in out, out
+    assert "target: accel / torch <= 1.03, medium:" in out, out
+    memory = out[out.index("Per-rank memory after one AdamW step"):].splitlines()
+    assert [line.split()[0] for line in memory[2:5]] == ["1", "2", "4"], out  # processes
+    assert "target: per-rank total <= unsharded total / N + the largest unit" in out, out
+
+
 def test_gpu_benchmark_says_why_without_cuda() -> None:
     import torch
 
