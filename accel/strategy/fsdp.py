@@ -149,7 +149,9 @@ class FSDPStrategy(Strategy):
         kwargs = self._shard_kwargs(ignored)
         for _, unit in units:
             fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
+        # the root keeps its parameters from forward to the backward that needs them at once
+        # (fully_shard's default for the root): resharding it costs an all-gather per step
+        fully_shard(model, **{**kwargs, "reshard_after_forward": None})
         if full_state is not None:
             self._load_from_rank0(model, full_state)
         _average_ignored_gradients(model, ignored, self.ctx.world_size)

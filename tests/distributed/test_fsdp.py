@@ -109,10 +109,15 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
     calls = [0]
     model.blocks[0].lin.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     facts["units"] = sum(isinstance(m, FSDPModule) for m in model.modules())
-    norms, held = [], []
+    norms, held, kept = [], [], []
     for tokens, targets in loader:
         with acc.accumulate(model):
-            acc.backward(_loss(model, tokens, targets))
+            loss = _loss(model, tokens, targets)
+            # between forward and backward the root keeps its gathered (plain) parameters, as
+            # fully_shard's default has it, while the blocks are resharded: no extra all-gather
+            kept.append(type(model.embed.weight).__name__ == "Parameter"
+                        and type(model.blocks[0].lin.weight).__name__ == "DTensor")
+            acc.backward(loss)
             # a micro-step that does not sync keeps its gradient unreduced inside FSDP
             held.append(acc.sync_gradients or all(p.grad is None for p in model.parameters()))
             if acc.sync_gradients and clip is not None:
@@ -128,6 +133,7 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
             refused.append("get_state_dict(model) on every rank" in str(exc))
     facts["save_refuses_shards"] = refused == [True, True]
     facts["block_forwards_per_batch"] = calls[0] / len(loader)
+    facts["root_kept_after_forward"] = all(kept)
     full = acc.get_state_dict(model)
     facts["unwrapped_is_model"] = acc.unwrap_model(model) is model
     return full, norms, facts
@@ -196,7 +202,8 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
         assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
                          "dtensor": "DTensor", "mesh": (2,), "shard_rank": 0, "units": 4, "no_sync_held": True,
                          "block_forwards_per_batch": 1.0, "save_refuses_shards": True,
-                         "unwrapped_is_model": True}, (order, facts)
+                         "unwrapped_is_model": True, "root_kept_after_forward": True
+                         }, (order, facts)
         assert other[order][0] == 0  # the full state dict is gathered on rank 0 only
         assert other[order][1]["shard_rank"] == 1
     assert main["accumulate"][0] <= 1e-5 and main["accumulate"][1], main["accumulate"]
