@@ -112,7 +112,7 @@ def _dataset(case: Case, world: int) -> Any:
     import torch
 
     generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, case.vocab, (case.batch * world * 16, case.seq), generator=generator)
+    tokens = torch.randint(0, case.vocab, (case.batch * world * 64, case.seq), generator=generator)
     return torch.utils.data.TensorDataset(tokens, torch.roll(tokens, 1, dims=1))
 
 
