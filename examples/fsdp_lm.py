@@ -6,7 +6,8 @@ ordinary accel loop: the sharding comes from ``accel launch --use_fsdp`` (or
 ``Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))``). The text is the source code
 of Python's own ``textwrap`` module, so nothing is downloaded.
 
-    accel launch --cpu -n 2 --use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Block examples/fsdp_lm.py
+    accel launch --cpu -n 2 --use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \\
+        --fsdp_transformer_layer_cls_to_wrap Block examples/fsdp_lm.py
 
 At the end it saves a sharded checkpoint (``save_state``: each process writes its shards,
 loadable by any number of processes) and the consolidated weights (``save_model``: one

@@ -13,7 +13,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -56,7 +55,8 @@ def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torc
     return nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
 
 
-def _reference(accumulate: int = 1, clip: float | None = None) -> tuple[dict[str, Any], list[float]]:
+def _reference(accumulate: int = 1, clip: float | None = None
+               ) -> tuple[dict[str, Any], list[float]]:
     """One process, the whole batch, plain PyTorch: the parameters to match, and the norms."""
     torch.manual_seed(0)
     model = TinyLM()
@@ -200,7 +200,8 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
         diff, facts = main[order]
         assert diff <= 1e-5, (order, diff)
         assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
-                         "dtensor": "DTensor", "mesh": (2,), "shard_rank": 0, "units": 4, "no_sync_held": True,
+                         "dtensor": "DTensor", "mesh": (2,), "shard_rank": 0, "units": 4,
+                         "no_sync_held": True,
                          "block_forwards_per_batch": 1.0, "save_refuses_shards": True,
                          "unwrapped_is_model": True, "root_kept_after_forward": True
                          }, (order, facts)
