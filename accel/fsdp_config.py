@@ -144,7 +144,9 @@ class FullyShardedDataParallelPlugin:
     Field names and accepted spellings are Accelerate's. The FSDP2 fields:
 
     - ``reshard_after_forward``: free the gathered parameters after forward (ZeRO-3, the
-      default) or keep them until backward (ZeRO-2, ``False``).
+      default) or keep them until backward (ZeRO-2, ``False``). It applies to the units; the
+      root, whose backward starts right after forward, keeps its parameters (as
+      ``fully_shard`` does by default).
     - ``auto_wrap_policy``: which submodules become units of their own, sharded and gathered
       one at a time: ``"transformer_based_wrap"`` (instances of
       ``transformer_cls_names_to_wrap``, default the model's ``_no_split_modules``),
