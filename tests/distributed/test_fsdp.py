@@ -74,13 +74,15 @@ def _reference(accumulate: int = 1, clip: float | None = None
 
 
 def _train(order: str, accumulate: int = 1, clip: float | None = None,
-           mixed_precision: str = "no", parallelism: Any = None, **plugin_kwargs: Any
-           ) -> tuple[dict[str, torch.Tensor], list[float], dict[str, Any]]:
+           mixed_precision: str = "no", parallelism: Any = None, device: str | None = "cpu",
+           **plugin_kwargs: Any) -> tuple[dict[str, torch.Tensor], list[float], dict[str, Any]]:
+    """Train TinyLM with accel FSDP (``device=None``: the default device, a GPU if any)."""
     from accel import Accelerator, DistributedType, FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(**(plugin_kwargs or {
         "auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]}))
-    acc = Accelerator(cpu=True, fsdp_plugin=plugin, gradient_accumulation_steps=accumulate,
+    acc = Accelerator(cpu=device == "cpu", fsdp_plugin=plugin,
+                      gradient_accumulation_steps=accumulate,
                       mixed_precision=mixed_precision, parallelism_config=parallelism)
     torch.manual_seed(0)
     model = TinyLM()
@@ -105,6 +107,7 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
     from torch.distributed.fsdp import FSDPModule
 
     facts["mesh"] = tuple(acc.torch_device_mesh.shape)
+    facts["shard_device"] = next(model.parameters()).to_local().device.type
     facts["shard_rank"] = acc.data_parallel_shard_rank
     calls = [0]
     model.blocks[0].lin.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
@@ -201,7 +204,7 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
         assert diff <= 1e-5, (order, diff)
         assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
                          "dtensor": "DTensor", "mesh": (2,), "shard_rank": 0, "units": 4,
-                         "no_sync_held": True,
+                         "no_sync_held": True, "shard_device": "cpu",
                          "block_forwards_per_batch": 1.0, "save_refuses_shards": True,
                          "unwrapped_is_model": True, "root_kept_after_forward": True
                          }, (order, facts)
