@@ -6,7 +6,7 @@ Layer map (a module imports only from its own layer or below; no import cycles):
     L1    env/  device/  logging                               launcher detection, ACCEL_* settings
     L2    distributed/                                         process group, collectives
     L3    precision/  strategy/  data/  rng  accumulation  progress  tracking*  memory  dynamo
-    L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,protocol}
+    L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,sharded,protocol}
     L5    accelerator (+ checkpointing, its checkpoint methods)  utils  state
     L6    horovod/  ps/  big_modeling/                         other front doors onto L2-L4
     side  launch/                                              env and config only; torch lazily
@@ -86,6 +86,8 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/wrappers.py", "L4"),
     ("accel/training.py", "L4"),
     ("accel/preparation.py", "L4"),
+    # DCP state of FSDP runs (torch.distributed.checkpoint), under the protocol, over storage
+    ("accel/checkpoint/sharded/*", "L4"),
     ("accel/checkpoint/*", "L4"),
     # Accelerate's accelerate.utils names and module paths, over L0-L4
     ("accel/utils/__init__.py", "L5"),
@@ -131,6 +133,12 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
      ("accel.preparation", "accel.precision", "accel.strategy", "accel.wrappers",
       "accel.accumulation", "accel.training", "accel.connector", "accel.accelerator"),
      "the checkpoint protocol depends only on a run-state snapshot and the communicator"),
+    ("accel/checkpoint/sharded/*",
+     ("accel.distributed", "accel.checkpoint.protocol", "accel.launch", "accel.preparation",
+      "accel.precision", "accel.strategy", "accel.wrappers", "accel.connector"),
+     "sharded state goes through torch's DCP over the checkpoint storage; it knows no accel "
+     "collectives, no run protocol and no strategy, so merge-weights runs without a process "
+     "group"),
     ("accel/env*", ("torch",), "env must stay importable without torch (accel --help)"),
     ("accel/checkpoint/convert/*",
      ("accel.distributed", "torch.distributed", "accel.checkpoint.protocol", "accel.launch"),
