@@ -7,6 +7,7 @@ state come back exactly, and the 2-process run resumes with bit-identical losses
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,14 +57,14 @@ def _load_and_continue(rank: int, root: str) -> dict[str, Any]:
     comm, group = _start()
     world = comm.ctx.world_size
     out: dict[str, Any] = {}
-    for kind in ("sharded", "full"):
+    for kind in ("sharded", "full", "plain"):  # plain: saved by one process without FSDP
         model, opt = h.build(world)
-        io = h.ShardIO(kind == "sharded")
+        io = h.ShardIO(kind != "full")
         loaded = load_run(comm, h.snapshot(model, opt, io), f"{root}/{kind}", None)
         assert loaded is not None and loaded.optimizer_steps == SAVE_AT
         out[kind] = {"params": h.full_params(model), "opt": h.full_optimizer(model, opt),
                      "lr": [g["lr"] for g in opt.param_groups]}
-        if world == 2:
+        if world == 2 and kind != "plain":
             out[kind]["losses"] = h.train(model, opt, range(SAVE_AT, TOTAL), rank, world)
     group.close()
     return out
@@ -75,11 +76,26 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
         assert np.array_equal(a[key], b[key]), key
 
 
+def _plain_comm() -> Any:
+    import torch
+
+    from accel.distributed import Communicator, ProcessContext
+    return Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The 2-process checkpoints (sharded/, full/) and one of a plain process (plain/)."""
+    from accel.checkpoint import save_run
+
     root = tmp_path_factory.mktemp("fsdp_ckpt")
     results = run_workers(_save_and_continue, 2, args=(str(root),))
-    return {"root": root, "results": results}
+    model, opt = h.build(None)
+    h.train(model, opt, range(SAVE_AT), 0, 1)
+    save_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO(), SAVE_AT), root / "plain", None,
+             None, None)
+    plain = {"params": h.full_params(model), "opt": h.full_optimizer(model, opt)}
+    return {"root": root, "results": results, "plain": plain}
 
 
 def test_sharded_save_layout_is_pickle_free_and_listed(saved: dict[str, Any]) -> None:
@@ -114,14 +130,16 @@ def test_resume_at_the_same_world_size_is_exact(saved: dict[str, Any]) -> None:
             assert result[kind]["losses"] == reference["losses"][SAVE_AT:], kind
             _same(result[kind]["params"], reference["saved"]["params"])
             _same(result[kind]["opt"], reference["saved"]["opt"])
+        _same(result["plain"]["params"], saved["plain"]["params"])
+        _same(result["plain"]["opt"], saved["plain"]["opt"])
 
 
 @pytest.mark.parametrize("world", [1, 4])
 def test_load_at_another_world_size(saved: dict[str, Any], world: int) -> None:
     results = run_workers(_load_and_continue, world, args=(str(saved["root"]),))
-    reference = saved["results"][0]["saved"]
     for result in results:
-        for kind in ("sharded", "full"):
+        for kind in ("sharded", "full", "plain"):
+            reference = saved["plain"] if kind == "plain" else saved["results"][0]["saved"]
             _same(result[kind]["params"], reference["params"])
             _same(result[kind]["opt"], reference["opt"])
             assert result[kind]["lr"] == [0.01]
@@ -130,16 +148,45 @@ def test_load_at_another_world_size(saved: dict[str, Any], world: int) -> None:
 def test_plain_process_loads_a_sharded_checkpoint(saved: dict[str, Any]) -> None:
     """No process group, no FSDP: DCP reads the shards whole; the optimizer state goes back
     to torch's numbering."""
-    import torch
-
     from accel.checkpoint import load_run
-    from accel.distributed import Communicator, ProcessContext
 
-    comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
     reference = saved["results"][0]["saved"]
     for kind in ("sharded", "full"):
         model, opt = h.build(None)
-        load_run(comm, h.snapshot(model, opt, h.PlainIO()), saved["root"] / kind, None)
+        with pytest.warns(UserWarning, match="written by 2 process"):
+            load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / kind,
+                     None)
         _same(h.full_params(model), reference["params"])
         _same(h.full_optimizer(model, opt), reference["opt"])
         assert sorted(opt.state_dict()["state"]) == list(range(len(list(model.parameters()))))
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("where", "offset"), [("model_0", -3), ("model_0", 20),
+                                               ("optimizer_0", -3)])
+def test_damaged_shards_are_refused_before_use(saved: dict[str, Any], tmp_path: Path,
+                                               where: str, offset: int) -> None:
+    """A flipped bit in a shard's data (or its header) fails the hash checks: the load
+    raises naming the file, and no damaged value reaches the model."""
+    import shutil
+    import warnings
+
+    from accel.checkpoint import CheckpointError, load_run
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved["root"] / "sharded", copy)
+    shard = copy / "sharded" / where / "shard-00002-model-00001-of-00001.safetensors"
+    _flip(shard, offset)
+    model, opt = h.build(None)
+    before = h.full_params(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(CheckpointError, match=f"{where}/shard-00002.*corrupt"):
+            load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), copy, None)
+    if where == "model_0":
+        _same(h.full_params(model), before)

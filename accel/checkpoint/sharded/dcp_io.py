@@ -6,8 +6,9 @@ per rank, ``shard-0000<r+1>-model-00001-of-00001.safetensors``, shard offsets in
 byte hashed while it is written, fsynced, and recorded (size, sha256, and the sha256 of the
 header alone) for the checkpoint's manifest. :class:`ShardReader` is torch's
 ``HuggingFaceStorageReader`` over the files a manifest lists: the metadata DCP plans from is
-parsed from headers whose hash matches the recorded one, and each data file is read once into
-memory, its sha256 compared with the manifest, before any tensor in it is used. Sharding,
+parsed from headers whose hash matches the recorded one, and each data file a rank needs is
+read once into memory, its sha256 compared with the manifest, while the ranks plan (before any
+rank copies a tensor; a damaged file fails the load everywhere with nothing changed). Sharding,
 planning and resharding stay torch's (:func:`torch.distributed.checkpoint.save`/``load``).
 
 The files are plain safetensors with torch's DCP sharding metadata, so torch's own
@@ -16,13 +17,15 @@ The files are plain safetensors with torch's DCP sharding metadata, so torch's o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.hf_storage import (
     HuggingFaceStorageReader,
@@ -50,13 +53,28 @@ from torch.futures import Future
 from ..storage import CheckpointError, FileRecord, Manifest, _st, load_tensors
 from ..storage._io import HashingWriter
 
-__all__ = ["SHARDED_DIR", "ShardReader", "ShardWriter", "shard_files"]
+__all__ = ["SHARDED_DIR", "ShardReader", "ShardWriter", "dcp_errors", "shard_files"]
 
 #: Where DCP state lives inside a checkpoint: ``sharded/model_0/``, ``sharded/optimizer_0/``.
 SHARDED_DIR = "sharded"
 _INFO_KEY = "DCP_SHARDING_INFO"  # torch's names (torch.distributed.checkpoint._hf_utils)
 _VERSION_KEY = "DCP_VERSION"
 _OFFSETS_KEY = "saved_offsets"
+
+
+@contextlib.contextmanager
+def dcp_errors(what: str) -> Iterator[None]:
+    """Turn DCP's ``CheckpointException`` (a ``BaseException`` that carries every failed
+    rank's error) into the first failure: a :class:`CheckpointError` as it was raised (it names
+    the file), anything else as a :class:`CheckpointError` naming the rank."""
+    try:
+        yield
+    except CheckpointException as exc:
+        rank, (first, _trace) = min(exc.failures.items(), key=lambda item: item[0])
+        if isinstance(first, CheckpointError):
+            raise first from None
+        raise CheckpointError(f"{what} failed on rank {rank}: {type(first).__name__}: "
+                              f"{first}") from None
 
 
 def _file_name(shard_index: int) -> str:
@@ -153,6 +171,7 @@ class ShardReader(HuggingFaceStorageReader):
         self.header_hashes = dict(headers)
         self.files = shard_files(manifest, prefix)
         self._metadata: Metadata | None = None
+        self._verified: dict[str, dict[str, torch.Tensor]] = {}
 
     def read_metadata(self) -> Metadata:  # no rank-local metadata (no **kwargs): one file set
         if self._metadata is None:
@@ -186,12 +205,22 @@ class ShardReader(HuggingFaceStorageReader):
                 storage[MetadataIndex(fqn=fqn, offset=offset)] = rel
         return Metadata(state_dict_metadata=tensors, storage_data=storage)
 
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Read and verify every file this rank will read, now: DCP exchanges the plans
+        (and any rank's failure) before any rank copies data, so a damaged file stops the
+        load on every rank before a single tensor is changed."""
+        needed = sorted({self.storage_data[item.storage_index] for item in plan.items})
+        self._verified = {rel: load_tensors(self.root, rel, self.manifest) for rel in needed}
+        return plan
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[Any]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index], []).append(item)
         for rel, items in per_file.items():
-            stored = load_tensors(self.root, rel, self.manifest)  # verified before use
+            stored = self._verified.pop(rel, None)
+            if stored is None:  # verified before use all the same
+                stored = load_tensors(self.root, rel, self.manifest)
             for item in items:
                 source = stored[item.storage_index.fqn]
                 for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths,
@@ -205,6 +234,7 @@ class ShardReader(HuggingFaceStorageReader):
                 target.copy_(source)
                 planner.commit_tensor(item, target)
             del stored
+        self._verified.clear()
         future: Future[None] = Future()
         future.set_result(None)
         return future

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ..storage import FileRecord, Manifest
-from .dcp_io import SHARDED_DIR, ShardReader, ShardWriter, shard_files
+from .dcp_io import SHARDED_DIR, ShardReader, ShardWriter, dcp_errors, shard_files
 
 __all__ = ["ShardedFiles", "full_optimizer_state", "fqn_keyed", "has_shards",
            "load_full_optimizer", "load_model_shards", "load_optimizer_shards", "model_prefix",
@@ -91,7 +91,8 @@ def owner_module(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer)
 def save_model_shards(root: Path, index: int, module: nn.Module, out: ShardedFiles) -> None:
     """DCP-save ``module``'s sharded state into ``root/sharded/model_<index>`` (collective)."""
     writer = ShardWriter(root, model_prefix(index))
-    dcp_save(get_model_state_dict(module), storage_writer=writer)
+    with dcp_errors(f"saving {model_prefix(index)}"):
+        dcp_save(get_model_state_dict(module), storage_writer=writer)
     out.take(writer)
 
 
@@ -134,7 +135,8 @@ def save_optimizer_shards(root: Path, index: int, module: nn.Module,
                 plain.setdefault(fqn, {})[name] = value
     if tensors:
         writer = ShardWriter(root, optimizer_prefix(index))
-        dcp_save(tensors, storage_writer=writer)
+        with dcp_errors(f"saving {optimizer_prefix(index)}"):
+            dcp_save(tensors, storage_writer=writer)
         out.take(writer)
     return {"param_groups": state.get("param_groups", []), "state": plain, "tensors": keys}
 
@@ -142,7 +144,7 @@ def save_optimizer_shards(root: Path, index: int, module: nn.Module,
 def _dcp_load(state: dict[str, Any], reader: ShardReader, distributed: bool) -> None:
     """DCP load; without ``distributed`` no process group is used (torch warns that it
     assumes a single process: that is the intent here, so the warning is not shown)."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), dcp_errors(f"loading {reader.prefix}"):
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         dcp_load(state, storage_reader=reader, no_dist=not distributed)
 
