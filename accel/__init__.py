@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "GradientState": "accel.state",
     "PartialState": "accel.state",
     "TorchDynamoPlugin": "accel.dynamo",
+    "FullyShardedDataParallelPlugin": "accel.fsdp_config",
+    "ParallelismConfig": "accel.fsdp_config",
     "GeneralTracker": "accel.tracking",
     "debug_launcher": "accel.launch.notebook",
     "find_executable_batch_size": "accel.memory",
@@ -82,6 +84,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import ProjectConfiguration as ProjectConfiguration
     from .data import skip_first_batches as skip_first_batches
     from .dynamo import TorchDynamoPlugin as TorchDynamoPlugin
+    from .fsdp_config import FullyShardedDataParallelPlugin as FullyShardedDataParallelPlugin
+    from .fsdp_config import ParallelismConfig as ParallelismConfig
     from .launch.notebook import debug_launcher as debug_launcher
     from .launch.notebook import notebook_launcher as notebook_launcher
     from .logging import get_logger as get_logger

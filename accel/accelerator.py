@@ -42,6 +42,7 @@ from .connector import Arguments, connect
 from .data import PreparedDataLoader, gather_for_metrics, send_to_device, skip_first_batches
 from .distributed.sync import any_rank
 from .dynamo import DynamoBackend, TorchDynamoPlugin
+from .fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .logging import main_print
 from .memory import release_memory
 from .preparation import Preparer
@@ -88,17 +89,12 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         sync_batchnorm: bool = False,
         dynamo_backend: DynamoBackend | str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
         **unsupported: Any,
     ) -> None:
-        opts, rt = connect(Arguments(
-            device_placement=device_placement, mixed_precision=mixed_precision,
-            gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, device=device,
-            dataloader_config=dataloader_config, project_dir=project_dir,
-            project_config=project_config, rng_types=rng_types, log_with=log_with,
-            gradient_accumulation_plugin=gradient_accumulation_plugin,
-            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
-            kwargs_handlers=kwargs_handlers, timeout=timeout, sync_batchnorm=sync_batchnorm,
-            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, unsupported=unsupported))
+        given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        opts, rt = connect(Arguments(**given))  # the arguments, by name (unsupported: **kwargs)
         self._options, self._rt = opts, rt
         self._run = RunState(AccumulationState.from_plugin(opts.accumulation))
         self._state = bind_accelerator_state(rt, opts.dynamo_plugin)

@@ -121,11 +121,13 @@ class AccelerateAttributes:
         return self._state.deepspeed_plugin
 
     @property
-    def parallelism_config(self) -> None:
+    def parallelism_config(self) -> Any:
+        """The ``ParallelismConfig`` of an FSDP run (the device mesh's shape), else None."""
         return self._state.parallelism_config
 
     @property
-    def torch_device_mesh(self) -> None:
+    def torch_device_mesh(self) -> Any:
+        """The FSDP run's ``DeviceMesh``, else None."""
         return self._state.device_mesh
 
     @property

@@ -54,21 +54,20 @@ from .distributed.attendance import Attendance
 from .distributed.debug import consistency_check
 from .distributed.stall import CollectiveMonitor
 from .dynamo import DynamoBackend, TorchDynamoPlugin
+from .fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .precision import Precision, make_precision
 from .rng import RNG_TYPES
 from .strategy import Strategy, select_strategy
 from .tracking import check_log_with
 
 __all__ = ["Arguments", "Handlers", "Options", "ProcessSetup", "Runtime", "UNSUPPORTED_ARGUMENTS",
-           "connect", "connect_process", "resolve_dynamo", "resolve_precision", "sort_handlers"]
+           "connect", "connect_process", "resolve_dynamo", "resolve_precision", "resolve_sharding",
+           "sort_handlers"]
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
 UNSUPPORTED_ARGUMENTS = {
     "deepspeed_plugin": "DeepSpeed is not supported; use DDP (the default)",
     "deepspeed_plugins": "DeepSpeed is not supported; use DDP (the default)",
-    "fsdp_plugin": "FSDP is not supported yet (FSDP2 is planned); use DDP, the default, for now",
-    "parallelism_config": "ParallelismConfig (composable data/tensor/context parallelism) is not "
-                          "supported yet; use DDP, the default",
     "megatron_lm_plugin": "Megatron-LM is not supported",
     "torch_tp_plugin": "tensor parallelism is not supported",
     "split_batches": "pass dataloader_config=DataLoaderConfiguration(split_batches=...)",
@@ -101,6 +100,8 @@ class Arguments:
     sync_batchnorm: bool = False
     dynamo_backend: DynamoBackend | str | None = None
     dynamo_plugin: TorchDynamoPlugin | None = None
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    parallelism_config: ParallelismConfig | None = None
     unsupported: dict[str, Any] = field(default_factory=dict)
 
 
@@ -129,6 +130,14 @@ class Options:
     sync_batchnorm: bool
     autocast: AutocastKwargs
     dynamo_plugin: TorchDynamoPlugin
+    #: FSDP2 settings (None: data parallelism with DDP) and the device mesh of a sharded run
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    parallelism_config: ParallelismConfig | None = None
+
+    @property
+    def shards(self) -> bool:
+        """Whether models are sharded (FSDP): a plugin, or a mesh that shards."""
+        return self.fsdp_plugin is not None or self.parallelism_config is not None
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,8 @@ def connect(args: Arguments) -> tuple[Options, Runtime]:
     options = _resolve_options(args, settings, handlers)
     # Resolve everything that can fail before touching process-wide state.
     timeout = _resolve_timeout(args.timeout, handlers.init, settings)
-    process = _start_process(settings, args.device, args.cpu, handlers.init, timeout)
+    process = _start_process(settings, args.device, args.cpu, handlers.init, timeout,
+                             single=options.parallelism_config is not None)
     if process.context.is_main_process:
         _warn_dynamo(options.dynamo_plugin, settings)
     return options, _build_runtime(process, options, handlers)
@@ -203,15 +213,16 @@ def connect_process(cpu: bool = False, init: InitProcessGroupKwargs | None = Non
 
 
 def _start_process(settings: env.EnvSettings, device: str | None, cpu: bool,
-                   init: InitProcessGroupKwargs | None, timeout: timedelta | None
-                   ) -> ProcessSetup:
+                   init: InitProcessGroupKwargs | None, timeout: timedelta | None,
+                   single: bool = False) -> ProcessSetup:
+    """``single``: start a process group also for one process (an explicit FSDP mesh)."""
     if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     info = env.detect_launch()
     hardware = select_device(device, cpu, settings)
     ctx = build_context(info, hardware)
     group = start_process_group(ctx, info, hardware, timeout, init.backend if init else None,
-                                init.init_method if init else None)
+                                init.init_method if init else None, single=single)
     return ProcessSetup(settings, info, hardware, ctx, group)
 
 
@@ -222,7 +233,8 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
     comm = Communicator(ctx, [monitor, *([consistency_check] if settings.debug else [])])
     precision = make_precision(options.precision_mode, ctx.device, options.autocast,
                                handlers.scaler, process.hardware)
-    strategy = select_strategy(ctx, options.device_placement, handlers.ddp)
+    strategy = select_strategy(ctx, options.device_placement, handlers.ddp, options.fsdp_plugin,
+                               options.parallelism_config, options.precision_mode)
     attendance = Attendance(monitor, timeout=group.timeout) \
         if ctx.is_distributed and monitor.store is not None and strategy.saves_alone else None
     return Runtime(settings, info, process.hardware, ctx, group, monitor, comm, precision,
@@ -284,7 +296,21 @@ def _resolve_options(args: Arguments, settings: env.EnvSettings, handlers: Handl
         sync_batchnorm=bool(args.sync_batchnorm),
         autocast=handlers.autocast or AutocastKwargs(),
         dynamo_plugin=resolve_dynamo(args.dynamo_backend, args.dynamo_plugin),
+        **resolve_sharding(args.fsdp_plugin, args.parallelism_config, settings),
     )
+
+
+def resolve_sharding(plugin: FullyShardedDataParallelPlugin | None,
+                     parallelism: ParallelismConfig | None,
+                     settings: env.EnvSettings | None = None) -> dict[str, Any]:
+    """``fsdp_plugin`` and ``parallelism_config`` as given, type-checked."""
+    if plugin is not None and not isinstance(plugin, FullyShardedDataParallelPlugin):
+        raise TypeError("fsdp_plugin must be a FullyShardedDataParallelPlugin, got "
+                        f"{type(plugin).__name__}")
+    if parallelism is not None and not isinstance(parallelism, ParallelismConfig):
+        raise TypeError("parallelism_config must be a ParallelismConfig, got "
+                        f"{type(parallelism).__name__}")
+    return {"fsdp_plugin": plugin, "parallelism_config": parallelism}
 
 
 def resolve_dynamo(backend: DynamoBackend | str | None, plugin: TorchDynamoPlugin | None

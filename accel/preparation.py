@@ -57,6 +57,16 @@ def _is_scheduler(obj: Any) -> bool:
         obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
+def _repoint(optimizer: torch.optim.Optimizer,
+             moved: dict[int, tuple[nn.Parameter, nn.Parameter]]) -> None:
+    """Point ``optimizer``'s groups (and any state it holds) at the replacing parameters."""
+    for group in optimizer.param_groups:
+        group["params"] = [moved[id(p)][1] if id(p) in moved else p for p in group["params"]]
+    for old, new in moved.values():
+        if old in optimizer.state:
+            optimizer.state[new] = optimizer.state.pop(old)
+
+
 def _both(first: Callable[[], None] | None, second: Callable[[], None] | None
           ) -> Callable[[], None] | None:
     """One per-batch callback calling ``first`` then ``second`` (either may be None)."""
@@ -115,7 +125,7 @@ class Preparer:
                              "pass each object once")
         out: list[Any] = list(args)
         done = {i for i, obj in enumerate(args) if id(obj) in self.run.prepared_ids}
-        moved: dict[int, nn.Parameter] = {}  # old -> new parameter objects (XLA replaces them)
+        moved = self.run.replaced  # old -> new parameter objects (XLA and FSDP replace them)
         for kind in (nn.Module, torch.optim.Optimizer, "scheduler", torch.utils.data.DataLoader):
             for i, obj in enumerate(args):  # models first so optimizers see moved parameters
                 if i in done:
@@ -135,23 +145,28 @@ class Preparer:
             self.run.prepared_ids.add(id(out[i]))
         return out
 
-    def _prepare_one(self, obj: Any, place: bool, moved: dict[int, nn.Parameter]) -> Any:
+    def _prepare_one(self, obj: Any, place: bool,
+                     moved: dict[int, tuple[nn.Parameter, nn.Parameter]]) -> Any:
         if isinstance(obj, nn.Module):
             before = list(obj.parameters())
             wrapped = self.prepare_model(obj, place)
             after = obj.parameters()
-            moved.update({id(o): n for o, n in zip(before, after, strict=True) if o is not n})
+            new = {id(o): (o, n) for o, n in zip(before, after, strict=True) if o is not n}
+            moved.update(new)
+            for opt in self.run.optimizers:  # prepared before the model: point them at it
+                _repoint(opt.optimizer, new)
             return wrapped
         if isinstance(obj, torch.optim.Optimizer):
             return self.prepare_optimizer(obj, moved)
         return self.prepare_data_loader(obj, place)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
-                          moved: dict[int, nn.Parameter] | None = None) -> AcceleratedOptimizer:
-        """Wrap ``optimizer``; point it at the model's placed parameters (new objects on XLA)."""
-        for group in optimizer.param_groups:
-            group["params"] = [(moved or {}).get(id(p), p) for p in group["params"]]
+                          moved: dict[int, tuple[nn.Parameter, nn.Parameter]] | None = None
+                          ) -> AcceleratedOptimizer:
+        """Wrap ``optimizer``; point it at the prepared models' parameters (new objects on XLA
+        and with FSDP), whichever of the two was prepared first."""
         self.strategy.check_optimizer(optimizer)
+        _repoint(optimizer, self.run.replaced if moved is None else moved)
         opt = AcceleratedOptimizer(optimizer, self.precision, self.strategy, self.run)
         self.run.optimizers.append(opt)
         return opt

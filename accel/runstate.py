@@ -64,6 +64,10 @@ class RunState:
     load_hooks: OrderedDict[int, LoadHook] = field(default_factory=OrderedDict)
     #: ``set_trigger`` was called on this rank since the last ``check_trigger``
     trigger: bool = False
+    #: parameters a prepared model replaced (XLA placement, FSDP sharding): id of the old one ->
+    #: (old, new), the old kept alive so that its id is not reused; an optimizer prepared before
+    #: or after its model is pointed at the new ones
+    replaced: dict[int, tuple[nn.Parameter, nn.Parameter]] = field(default_factory=dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy goes to another process (a DataLoader worker started with spawn that captured
@@ -72,7 +76,8 @@ class RunState:
         state = dict(self.__dict__)
         for name in ("models", "optimizers", "schedulers", "dataloaders", "custom"):
             state[name] = []
-        state.update(prepared_ids=set(), save_hooks=OrderedDict(), load_hooks=OrderedDict())
+        state.update(prepared_ids=set(), save_hooks=OrderedDict(), load_hooks=OrderedDict(),
+                     replaced={})
         return state
 
     @property
@@ -111,3 +116,4 @@ class RunState:
         for registry in (self.models, self.optimizers, self.schedulers, self.dataloaders):
             registry.clear()
         self.prepared_ids.clear()
+        self.replaced.clear()

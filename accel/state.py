@@ -39,21 +39,27 @@ import torch
 from . import env
 from .accumulation import AccumulationState
 from .config import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
-from .connector import UNSUPPORTED_ARGUMENTS, Runtime, connect_process, resolve_precision
+from .connector import (
+    UNSUPPORTED_ARGUMENTS,
+    Runtime,
+    connect_process,
+    resolve_precision,
+    resolve_sharding,
+)
 from .data import PreparedDataLoader
 from .distributed import Communicator, ProcessContext, ProcessGroupHandle
 from .distributed.debug import consistency_check
 from .distributed.group import destroy_process_group
 from .distributed.sync import leader_first, split_for_rank
 from .dynamo import TorchDynamoPlugin
+from .fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .runstate import RunState
-from .strategy import select_strategy
+from .strategy import FSDPStrategy, select_strategy
 
 __all__ = ["AcceleratorState", "GradientState", "PartialState", "bind_accelerator_state",
            "bind_gradient_state"]
 
-_PLUGINS = ("deepspeed_plugin", "fsdp_plugin", "torch_tp_plugin",
-            "megatron_lm_plugin", "parallelism_config")
+_PLUGINS = ("deepspeed_plugin", "torch_tp_plugin", "megatron_lm_plugin")
 
 
 @dataclass
@@ -298,8 +304,9 @@ class AcceleratorState(PartialState):
     standalone ``AcceleratorState(mixed_precision=...)`` describes the same process and resolves
     ``mixed_precision`` as ``Accelerator`` does (argument > ``ACCEL_MIXED_PRECISION`` > "no").
     ``dynamo_plugin`` is the ``TorchDynamoPlugin`` the Accelerator compiles models with (a
-    standalone state keeps the one it is given, else None). accel has no DeepSpeed, FSDP,
-    Megatron-LM or tensor-parallel plugins: those attributes are None and passing one raises.
+    standalone state keeps the one it is given, else None); so are ``fsdp_plugin`` and
+    ``parallelism_config`` (FSDP2). accel has no DeepSpeed, Megatron-LM or tensor-parallel
+    plugins: those attributes are None and passing one raises.
 
     Example:
         >>> state = AcceleratorState(mixed_precision="bf16", cpu=True)
@@ -316,6 +323,10 @@ class AcceleratorState(PartialState):
             raise TypeError("AcceleratorState(dynamo_plugin=...) must be a TorchDynamoPlugin, got "
                             f"{type(dynamo_plugin).__name__}")
         self.dynamo_plugin = dynamo_plugin
+        sharding = resolve_sharding(kwargs.pop("fsdp_plugin", None),
+                                    kwargs.pop("parallelism_config", None))
+        self.fsdp_plugin = sharding["fsdp_plugin"]
+        self.parallelism_config = sharding["parallelism_config"]
         for name in _PLUGINS:
             if kwargs.pop(name, None) is not None:
                 hint = UNSUPPORTED_ARGUMENTS.get(name, "accel has no such plugin")
@@ -331,15 +342,25 @@ class AcceleratorState(PartialState):
         """``"no"``, ``"fp16"`` or ``"bf16"``."""
         return self._mixed_precision
 
-    # Accelerate's plugin attributes; accel implements none of these integrations.
+    # Accelerate's plugin attributes: FSDP (FSDP2) is accel's; DeepSpeed, Megatron-LM and tensor
+    # parallelism are not, so those stay None.
     deepspeed_plugin: None = None
     deepspeed_plugins: None = None
-    fsdp_plugin: None = None
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None
     megatron_lm_plugin: None = None
     torch_tp_plugin: None = None
-    parallelism_config: None = None
-    device_mesh: None = None
-    is_fsdp2: bool = False
+    parallelism_config: ParallelismConfig | None = None
+    _mesh: Callable[[], Any] | None = None
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when models are sharded with FSDP (accel's FSDP is FSDP2)."""
+        return self.fsdp_plugin is not None
+
+    @property
+    def device_mesh(self) -> Any:
+        """The FSDP run's ``DeviceMesh`` (built at the first prepared model), else None."""
+        return None if self._mesh is None else self._mesh()
 
 
 def bind_accelerator_state(runtime: Runtime, dynamo_plugin: TorchDynamoPlugin | None = None
@@ -354,6 +375,10 @@ def bind_accelerator_state(runtime: Runtime, dynamo_plugin: TorchDynamoPlugin | 
     state._process = _Process(runtime.context, runtime.group, runtime.comm,
                               runtime.strategy.distributed_type)
     state._mixed_precision = runtime.precision.mode.value
+    strategy = runtime.strategy
+    if isinstance(strategy, FSDPStrategy):
+        state.fsdp_plugin, state.parallelism_config = strategy.plugin, strategy.mesh.parallelism
+        state._mesh = functools.partial(strategy.mesh.get, strategy.ctx)
     return state
 
 

@@ -93,15 +93,18 @@ def start_process_group(
     timeout: timedelta | None = None,
     backend: str | None = None,
     init_method: str | None = None,
+    single: bool = False,
 ) -> ProcessGroupHandle:
     """Bind the device, then start the process group with an explicit timeout. Idempotent.
 
-    World size 1 starts nothing. If a group already exists it is adopted (and not destroyed on
-    ``close``); a different requested timeout or backend is reported.
+    World size 1 starts nothing, unless ``single``: then a one-process group on an in-memory
+    store (FSDP on one process needs a device mesh, hence a group). If a group already
+    exists it is adopted (and not destroyed on ``close``); a different requested timeout or
+    backend is reported.
     """
     timeout = timeout or DEFAULT_TIMEOUT
     device.bind(ctx.device)  # before the group, so nccl picks the right GPU (no-op on CPU)
-    if not ctx.is_distributed:
+    if not ctx.is_distributed and not single:
         return ProcessGroupHandle(False, None, timeout)
     if dist.is_initialized():
         existing = dist.get_backend()
@@ -114,6 +117,10 @@ def start_process_group(
         # torch_xla registers the "xla" backend on import and rendezvouses through PJRT.
         _optional.require("torch_xla.distributed.xla_backend", extra="xla")
         init_method = init_method or "xla://"
+    if not ctx.is_distributed:
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+        return ProcessGroupHandle(True, backend, timeout)
     if init_method is None:
         if info.launcher == "torchrun":
             init_method = "env://"  # connects to the elastic agent's store when it hosts one

@@ -5,22 +5,55 @@
 
 from __future__ import annotations
 
-from ..config import DistributedDataParallelKwargs
+from ..config import DistributedDataParallelKwargs, PrecisionType
 from ..distributed import ProcessContext
+from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .base import Strategy, no_join, strip_parallel, unwrap_module
 from .ddp import DDPStrategy
+from .fsdp import FSDPStrategy, MeshHolder
 from .single import SingleDeviceStrategy
 from .xla import XLAStrategy
 
-__all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "XLAStrategy", "no_join",
-           "select_strategy", "strip_parallel", "unwrap_module"]
+__all__ = ["DDPStrategy", "FSDPStrategy", "SingleDeviceStrategy", "Strategy", "XLAStrategy",
+           "no_join", "select_strategy", "strip_parallel", "unwrap_module"]
 
 
 def select_strategy(ctx: ProcessContext, place: bool = True,
-                    ddp_kwargs: DistributedDataParallelKwargs | None = None) -> Strategy:
-    """XLA devices get the XLA strategy; other multi-process jobs DDP; else a single device."""
+                    ddp_kwargs: DistributedDataParallelKwargs | None = None,
+                    fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+                    parallelism: ParallelismConfig | None = None,
+                    precision: PrecisionType = PrecisionType.NO) -> Strategy:
+    """A job with an FSDP plugin (or a mesh that shards) gets FSDP; XLA devices the XLA
+    strategy; other multi-process jobs DDP; else a single device.
+
+    Raises:
+        ValueError: an FSDP plugin with an XLA device, or on one process without a mesh.
+    """
+    shards = parallelism is not None and \
+        parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)[1] > 1
+    if fsdp_plugin is not None or shards:
+        return _fsdp(ctx, place, ddp_kwargs, fsdp_plugin, parallelism, precision)
     if ctx.device.type == "xla":
         return XLAStrategy(ctx, place, ddp_kwargs)
     if ctx.is_distributed:
         return DDPStrategy(ctx, place, ddp_kwargs)
     return SingleDeviceStrategy(ctx, place, ddp_kwargs)
+
+
+def _fsdp(ctx: ProcessContext, place: bool, ddp_kwargs: DistributedDataParallelKwargs | None,
+          plugin: FullyShardedDataParallelPlugin | None, parallelism: ParallelismConfig | None,
+          precision: PrecisionType) -> Strategy:
+    if ctx.device.type == "xla":
+        raise ValueError("FSDP (fsdp_plugin) runs on CPU and CUDA devices; on XLA drop the "
+                         "plugin (accel uses torch_xla's data parallelism) or use device='cuda'")
+    if not ctx.is_distributed and parallelism is None:
+        raise ValueError("FSDP shards a model across processes, and this job has one: launch "
+                         "several (accel launch --num_processes N --use_fsdp script.py), or, to "
+                         "run FSDP on one process on purpose (e.g. to load a sharded "
+                         "checkpoint), pass parallelism_config=ParallelismConfig("
+                         "dp_shard_size=1)")
+    plugin = plugin or FullyShardedDataParallelPlugin()
+    if parallelism is None:  # FSDP1's FULL_SHARD asks for sharding across every rank
+        parallelism = ParallelismConfig(dp_replicate_size=1 if plugin.hybrid is False else None)
+    parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)  # raises if it does not fit
+    return FSDPStrategy(ctx, place, ddp_kwargs, plugin, MeshHolder(parallelism), precision)

@@ -87,6 +87,12 @@ class Strategy(ABC):
     #: accelerator.is_main_process:``): full state dicts need no collective. A sharded
     #: strategy (FSDP), whose state dicts are gathered from every rank, sets this to False.
     saves_alone: bool = True
+    #: the model's state lives in shards on every rank (DTensors): reading or writing it is a
+    #: collective, through ``torch.distributed.checkpoint.state_dict`` for models and optimizers
+    distributed_state: bool = False
+    #: ``save_state`` writes each rank's shards (FSDP's SHARDED_STATE_DICT) rather than full
+    #: state dicts written by rank 0
+    sharded_state: bool = False
 
     def __init__(self, ctx: ProcessContext, place: bool = True,
                  ddp_kwargs: DistributedDataParallelKwargs | None = None) -> None:
@@ -171,6 +177,10 @@ class Strategy(ABC):
         nn.utils.clip_grad_value_(parameters, clip_value)
 
     # -- state dicts ---------------------------------------------------------------------------
+    def state_module(self, model: nn.Module) -> nn.Module:
+        """The module to hand to ``torch.distributed.checkpoint.state_dict``'s functions."""
+        return self.unwrap(model)
+
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict of the user's module inside ``model``."""
         return dict(self.unwrap(model).state_dict())

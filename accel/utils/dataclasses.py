@@ -21,8 +21,10 @@ from ..config import (
     ProjectConfiguration,
 )
 from ..dynamo import DynamoBackend, TorchDynamoPlugin
+from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 
 __all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
            "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
            "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
-           "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin"]
+           "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin",
+           "FullyShardedDataParallelPlugin", "ParallelismConfig"]

@@ -59,6 +59,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/launch/*", "side"),
     ("accel/_optional.py", "L0"),
     ("accel/config.py", "L0"),
+    ("accel/fsdp_config.py", "L0"),  # FullyShardedDataParallelPlugin, ParallelismConfig
     ("accel/_tree.py", "L0"),
     ("accel/_parse.py", "L0"),
     ("accel/_version.py", "L0"),

@@ -119,8 +119,10 @@ def test_standalone_accelerator_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_MIXED_PRECISION", "bf16")
     assert AcceleratorState(cpu=True).mixed_precision == "bf16"
     assert AcceleratorState(cpu=True, fsdp_plugin=None).fsdp_plugin is None
-    with pytest.raises(TypeError, match="fsdp_plugin=.*not supported"):
+    with pytest.raises(TypeError, match="fsdp_plugin must be a FullyShardedDataParallelPlugin"):
         AcceleratorState(cpu=True, fsdp_plugin=object())
+    with pytest.raises(TypeError, match="deepspeed_plugin=.*not supported"):
+        AcceleratorState(cpu=True, deepspeed_plugin=object())
 
 
 def test_accelerator_process_helpers_delegate_to_its_state() -> None:

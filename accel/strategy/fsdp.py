@@ -1,0 +1,290 @@
+"""Sharded data parallelism with PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Each rank keeps a shard of every parameter (a DTensor on a ``DeviceMesh``); a unit's parameters
+are gathered before its forward and backward and freed after, and gradients are
+reduce-scattered. Units are chosen by :mod:`accel.strategy.fsdp_units`, sharded bottom-up and
+then the root. The prepared model is the user's module itself (``fully_shard`` changes its
+class in place), so ``unwrap`` has nothing to remove.
+
+State dicts go through ``torch.distributed.checkpoint.state_dict``: full ones are gathered one
+tensor at a time onto rank 0 (CPU); sharded ones are what the checkpoint protocol saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config import DistributedDataParallelKwargs, DistributedType, PrecisionType
+from ..distributed import ProcessContext
+from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
+from .base import Strategy, strip_compile
+from .fsdp_units import ignored_parameters, select_units
+
+__all__ = ["FSDPStrategy", "MeshHolder", "fsdp_modules"]
+
+
+@dataclass
+class MeshHolder:
+    """The device mesh, built on first use and shared by the copies of one strategy
+    (``with_placement`` makes copies; building a 2-D mesh is a collective)."""
+
+    parallelism: ParallelismConfig
+    mesh: Any = field(default=None)
+
+    def get(self, ctx: ProcessContext) -> Any:
+        if self.mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            rep, shard = self.parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)
+            kind = ctx.device.type
+            self.mesh = init_device_mesh(kind, (shard,), mesh_dim_names=("dp_shard",)) \
+                if rep == 1 else init_device_mesh(kind, (rep, shard),
+                                                  mesh_dim_names=("dp_replicate", "dp_shard"))
+        return self.mesh
+
+
+def fsdp_modules(model: nn.Module) -> list[Any]:
+    """The FSDP2 modules in ``model`` (the root first), through a compile wrapper."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in strip_compile(model).modules() if isinstance(m, FSDPModule)]
+
+
+def _is_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+class FSDPStrategy(Strategy):
+    """FSDP2 over gloo (CPU) or nccl (CUDA), configured by a
+    :class:`~accel.fsdp_config.FullyShardedDataParallelPlugin`."""
+
+    name = "fsdp"
+    saves_alone = False
+    distributed_state = True
+
+    def __init__(self, ctx: ProcessContext, place: bool = True,
+                 ddp_kwargs: DistributedDataParallelKwargs | None = None,
+                 plugin: FullyShardedDataParallelPlugin | None = None,
+                 mesh: MeshHolder | None = None,
+                 precision: PrecisionType = PrecisionType.NO) -> None:
+        super().__init__(ctx, place, ddp_kwargs)
+        self.plugin = plugin or FullyShardedDataParallelPlugin()
+        self.mesh = mesh or MeshHolder(ParallelismConfig())
+        self.precision = precision
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.FSDP
+
+    @property
+    def sharded_state(self) -> bool:  # type: ignore[override]
+        return self.plugin.sharded_state
+
+    def with_placement(self, place: bool) -> Strategy:
+        if place == self.place:
+            return self
+        return FSDPStrategy(self.ctx, place, self.ddp_kwargs, self.plugin, self.mesh,
+                            self.precision)
+
+    # -- models --------------------------------------------------------------------------------
+    def place_model(self, model: nn.Module) -> nn.Module:
+        if _is_meta(model):
+            return model  # materialised shard by shard after sharding (rank-0 loading)
+        return super().place_model(model)
+
+    def _shard_kwargs(self, ignored: set[nn.Parameter]) -> dict[str, Any]:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        kwargs: dict[str, Any] = {"mesh": self.mesh.get(self.ctx),
+                                  "reshard_after_forward": self.plugin.reshard_after_forward}
+        policy = self.plugin.mixed_precision_policy or self._policy_from_precision()
+        if policy is not None:
+            kwargs["mp_policy"] = policy
+        if self.plugin.cpu_offload and self.ctx.device.type != "cpu":
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        if ignored:
+            kwargs["ignored_params"] = ignored
+        return kwargs
+
+    def _policy_from_precision(self) -> Any:
+        """``Accelerator(mixed_precision=...)`` as an FSDP policy (Accelerate's mapping)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dtype = {PrecisionType.BF16: torch.bfloat16,
+                 PrecisionType.FP16: torch.float16}.get(self.precision)
+        return None if dtype is None else MixedPrecisionPolicy(param_dtype=dtype,
+                                                               reduce_dtype=dtype)
+
+    def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if isinstance(model, FSDPModule):
+            return model  # sharded already (by the user, or an earlier prepare)
+        full_state = self._check_initialisation(model)
+        if sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if self.plugin.sync_module_states and full_state is None:
+            self._broadcast_from_rank0(model)
+        model = self.place_model(model)
+        ignored_modules, ignored = ignored_parameters(model, self.plugin)
+        units = select_units(model, self.plugin, ignored_modules)
+        if self.plugin.cpu_offload and self.ctx.device.type == "cpu" and \
+                self.ctx.is_main_process:
+            warnings.warn("cpu_offload has no effect on a CPU run: the shards are in CPU "
+                          "memory already", stacklevel=5)
+        if self.plugin.activation_checkpointing:
+            from torch.distributed._composable.checkpoint_activation import checkpoint
+
+            for _, unit in units or [("", model)]:
+                checkpoint(unit)
+        kwargs = self._shard_kwargs(ignored)
+        for _, unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        if full_state is not None or _is_meta(model):
+            self._load_from_rank0(model, full_state)
+        _average_ignored_gradients(model, ignored, self.ctx.world_size)
+        return model
+
+    def _check_initialisation(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Rank 0's full state to send to the others with ``cpu_ram_efficient_loading`` (an
+        empty dict on other ranks), else None; meta weights without it are refused."""
+        meta = _is_meta(model)
+        if not self.plugin.cpu_ram_efficient_loading:
+            if meta:
+                raise ValueError("the model has parameters on the meta device (built under "
+                                 "init_empty_weights()), which only rank-0 loading can fill: "
+                                 "pass FullyShardedDataParallelPlugin(cpu_ram_efficient_loading="
+                                 "True) with real weights on rank 0")
+            return None
+        if self.ctx.is_main_process:
+            if meta:
+                raise ValueError("cpu_ram_efficient_loading: rank 0 must hold the real weights "
+                                 "(build the model normally there, and under "
+                                 "init_empty_weights() on the other ranks)")
+            return {k: v.detach() for k, v in model.state_dict().items()}
+        return {}
+
+    def _broadcast_from_rank0(self, model: nn.Module) -> None:
+        """Start every rank from rank 0's parameters and buffers, as DDP does."""
+        if not self.ctx.is_distributed:
+            return
+        device = self.ctx.device if self.place else None
+        for tensor in (*model.parameters(), *model.buffers()):
+            data = tensor.data if device is None else tensor.data.to(device)
+            dist.broadcast(data, src=0)
+            if data is not tensor.data:
+                tensor.data.copy_(data)
+
+    def _load_from_rank0(self, model: nn.Module, full_state: dict[str, torch.Tensor] | None
+                         ) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        if _is_meta(model):
+            model.to_empty(device=self.ctx.device)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, dict(full_state or {}), options=options)
+
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse an optimizer that already holds state: it was made for the unsharded
+        parameters (also with ``cpu_offload``, where it must live on the CPU shards)."""
+        if optimizer.state:
+            offload = " and offloaded to the CPU" if self.plugin.cpu_offload else ""
+            raise ValueError(f"{type(optimizer).__name__} already has state (it stepped, or "
+                             f"loaded a state dict, before prepare()); FSDP shards{offload} the "
+                             "parameters, so that state no longer fits them. Create the "
+                             "optimizer, prepare() it with the model, and step or load_state() "
+                             "after that")
+
+    # -- gradient synchronisation ----------------------------------------------------------------
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return _gradient_sync(model, False)
+
+    def trigger_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return _gradient_sync(model, True)
+
+    # -- clipping --------------------------------------------------------------------------------
+    def clip_grad_norm_(self, parameters: Any, max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor:
+        """The norm over every shard of every rank (a plain tensor, the same on each rank)."""
+        params = [p for p in parameters if p.grad is not None]
+        norm = nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+        full = getattr(norm, "full_tensor", None)
+        return full() if full is not None else norm
+
+    # -- state dicts ---------------------------------------------------------------------------
+    def state_module(self, model: nn.Module) -> nn.Module:
+        return self.unwrap(model)
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full state, gathered one tensor at a time onto rank 0's CPU (``{}`` elsewhere);
+        every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state: dict[str, Any] = get_model_state_dict(self.unwrap(model), options=options)
+        return state
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+                              strict: bool = True) -> Any:
+        """Load a full state dict held by rank 0 (other ranks may pass ``{}``); each rank
+        keeps its shards."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                   strict=strict)
+        return set_model_state_dict(self.unwrap(model), dict[str, Any](state), options=options)
+
+
+def _average_ignored_gradients(model: nn.Module, ignored: set[nn.Parameter], world: int
+                               ) -> None:
+    """Average the gradients of trainable ``ignored_modules`` parameters over the ranks in the
+    backward passes that synchronise (FSDP neither shards nor reduces them; left alone, the
+    ranks' copies would drift apart)."""
+    trainable = [p for p in ignored if p.requires_grad]
+    if world == 1 or not trainable:
+        return
+
+    def hook(param: torch.Tensor) -> None:
+        if param.grad is not None and getattr(model, _SYNC_ATTR, True):
+            dist.all_reduce(param.grad)
+            param.grad.div_(world)
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """Reduce-scatter gradients in the backward passes of the block, or not (accumulation);
+    the setting before the block is restored after it (blocks nest)."""
+    roots = fsdp_modules(model)
+    if not roots:
+        yield
+        return
+    root = roots[0]
+    before = bool(getattr(root, _SYNC_ATTR, True))
+    root.set_requires_gradient_sync(sync)
+    setattr(root, _SYNC_ATTR, sync)
+    try:
+        yield
+    finally:
+        root.set_requires_gradient_sync(before)
+        setattr(root, _SYNC_ATTR, before)
+
+
+#: where the root module remembers its gradient-sync setting (FSDP2 has no getter for it)
+_SYNC_ATTR = "_accel_requires_gradient_sync"

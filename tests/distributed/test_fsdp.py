@@ -1,0 +1,244 @@
+"""FSDP2 training through ``Accelerator(fsdp_plugin=...)`` with real processes (CPU, gloo).
+
+A small transformer-like model (embedding, blocks, a head tied to the embedding) trained by 2
+FSDP processes, each on half of every batch, must end with the parameters of one process
+trained on the whole batch (plain PyTorch, computed in the same worker): fp32 within 1e-5, with
+and without gradient accumulation, with ``clip_grad_norm_`` (the norm too), whichever order the
+model and optimizer are prepared in; with a bf16 policy within a stated tolerance. 4 processes
+on a 2 × 2 mesh (HSDP) give the same parameters too. One spawn checks many things.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.spawn import run_workers
+
+VOCAB, DIM, SEQ, N, BATCH = 16, 8, 4, 32, 8  # BATCH: the whole batch of one step
+STEPS = N // BATCH
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(DIM, DIM)
+        self.norm = nn.LayerNorm(DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + torch.tanh(self.lin(x)))
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.Sequential(Block(), Block(), Block())
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+def _data() -> TensorDataset:
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (N, SEQ), generator=gen)
+    return TensorDataset(tokens, torch.roll(tokens, 1, dims=1))
+
+
+def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+
+
+def _reference(accumulate: int = 1, clip: float | None = None) -> tuple[dict[str, Any], list[float]]:
+    """One process, the whole batch, plain PyTorch: the parameters to match, and the norms."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    norms = []
+    loader = DataLoader(_data(), batch_size=BATCH // accumulate)
+    for i, (tokens, targets) in enumerate(loader):
+        (_loss(model, tokens, targets) / accumulate).backward()
+        if (i + 1) % accumulate == 0:
+            if clip is not None:
+                norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), clip)))
+            opt.step()
+            opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
+
+
+def _train(order: str, accumulate: int = 1, clip: float | None = None,
+           mixed_precision: str = "no", parallelism: Any = None, **plugin_kwargs: Any
+           ) -> tuple[dict[str, torch.Tensor], list[float], dict[str, Any]]:
+    from accel import Accelerator, DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(**(plugin_kwargs or {
+        "auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]}))
+    acc = Accelerator(cpu=True, fsdp_plugin=plugin, gradient_accumulation_steps=accumulate,
+                      mixed_precision=mixed_precision, parallelism_config=parallelism)
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    world = acc.num_processes
+    loader = DataLoader(_data(), batch_size=BATCH // accumulate // world)
+    if order == "together":
+        model, opt, loader = acc.prepare(model, opt, loader)
+    elif order == "optimizer_first":
+        opt, loader = acc.prepare(opt, loader)
+        model = acc.prepare(model)
+    else:
+        model = acc.prepare(model)
+        opt, loader = acc.prepare(opt, loader)
+    facts: dict[str, Any] = {
+        "type": acc.distributed_type == DistributedType.FSDP, "fsdp2": acc.is_fsdp2,
+        "plugin": acc.state.fsdp_plugin is plugin,
+        "opt_sees_shards": all(any(p is q for q in model.parameters())
+                               for g in opt.param_groups for p in g["params"]),
+        "dtensor": type(next(model.parameters())).__name__,
+    }
+    from torch.distributed.fsdp import FSDPModule
+
+    facts["mesh"] = tuple(acc.torch_device_mesh.shape)
+    calls = [0]
+    model.blocks[0].lin.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    facts["units"] = sum(isinstance(m, FSDPModule) for m in model.modules())
+    norms, held = [], []
+    for tokens, targets in loader:
+        with acc.accumulate(model):
+            acc.backward(_loss(model, tokens, targets))
+            # a micro-step that does not sync keeps its gradient unreduced inside FSDP
+            held.append(acc.sync_gradients or all(p.grad is None for p in model.parameters()))
+            if acc.sync_gradients and clip is not None:
+                norms.append(float(acc.clip_grad_norm_(model.parameters(), clip)))
+            opt.step()
+            opt.zero_grad()
+    facts["no_sync_held"] = all(held)
+    facts["block_forwards_per_batch"] = calls[0] / len(loader)
+    full = acc.get_state_dict(model)
+    facts["unwrapped_is_model"] = acc.unwrap_model(model) is model
+    return full, norms, facts
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def _fsdp_worker(rank: int) -> dict[str, Any]:
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {}
+    ref, _ = _reference()
+    for order in ("together", "optimizer_first", "model_first"):
+        full, _, facts = _train(order)
+        out[order] = (_close(full, ref) if rank == 0 else len(full), facts)
+    ref_acc, _ = _reference(accumulate=2)
+    full, _, facts = _train("together", accumulate=2)
+    out["accumulate"] = (_close(full, ref_acc) if rank == 0 else len(full), facts["no_sync_held"])
+    ref_clip, ref_norms = _reference(clip=0.5)
+    full, norms, _ = _train("together", clip=0.5)
+    out["clip"] = (_close(full, ref_clip) if rank == 0 else len(full),
+                   max(abs(a - b) for a, b in zip(norms, ref_norms, strict=True)))
+    full, _, _ = _train("together", mixed_precision="bf16")
+    out["bf16"] = _close(full, ref) if rank == 0 else len(full)
+    out["variants"] = _variants(rank, ref)
+    return out
+
+
+def _variants(rank: int, ref: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Plugin settings that change how, not what, the model trains: each must match ``ref``."""
+    variants: dict[str, dict[str, Any]] = {
+        # recomputes each block's forward in backward
+        "activation_checkpointing": {"transformer_cls_names_to_wrap": ["Block"],
+                                     "activation_checkpointing": True},
+        "reshard_after_forward_false": {"transformer_cls_names_to_wrap": ["Block"],
+                                        "reshard_after_forward": False},
+        # the embedding (128 parameters) qualifies, but its weight is tied to the head: it must
+        # stay in the root's unit, not become one that hands the head a shard
+        "size_based": {"auto_wrap_policy": "size_based_wrap", "min_num_params": 50},
+        "no_wrap": {"auto_wrap_policy": "no_wrap"},
+        # trainable but not sharded: its gradients must still be averaged over the ranks
+        "ignored_regex": {"transformer_cls_names_to_wrap": ["Block"],
+                          "ignored_modules": r"blocks\.1\.norm"},
+        "cpu_offload_on_cpu": {"transformer_cls_names_to_wrap": ["Block"], "cpu_offload": True},
+    }
+    out: dict[str, Any] = {}
+    for name, kwargs in variants.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            full, _, facts = _train("together", **kwargs)
+        out[name] = {"diff": _close(full, ref) if rank == 0 else len(full),
+                     "units": facts["units"], "forwards": facts["block_forwards_per_batch"],
+                     "warned": any("no effect on a CPU run" in str(w.message) for w in caught)}
+    return out
+
+
+def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
+    results = run_workers(_fsdp_worker, 2, timeout=240)
+    main, other = results
+    for order in ("together", "optimizer_first", "model_first"):
+        diff, facts = main[order]
+        assert diff <= 1e-5, (order, diff)
+        assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
+                         "dtensor": "DTensor", "mesh": (2,), "units": 4, "no_sync_held": True,
+                         "block_forwards_per_batch": 1.0,
+                         "unwrapped_is_model": True}, (order, facts)
+        assert other[order][0] == 0  # the full state dict is gathered on rank 0 only
+    assert main["accumulate"][0] <= 1e-5 and main["accumulate"][1], main["accumulate"]
+    assert main["clip"][0] <= 1e-5 and main["clip"][1] <= 1e-5, main["clip"]
+    # bf16 parameters and reductions for 4 AdamW steps at lr 1e-2: bf16 rounding (8 bits of
+    # mantissa, relative 4e-3) of weights of order 1 moves them by a few 1e-3
+    assert main["bf16"] <= 2e-2, main["bf16"]
+    variants = main["variants"]
+    assert all(v["diff"] <= 1e-5 for v in variants.values()), variants
+    assert all(v["diff"] == 0 for v in other["variants"].values()), other["variants"]
+    units = {name: v["units"] for name, v in variants.items()}
+    # size-based: the blocks' Linear layers (72 parameters each) and the root, never the tied
+    # embedding (128)
+    assert units == {"activation_checkpointing": 4, "reshard_after_forward_false": 4,
+                     "size_based": 4, "no_wrap": 1, "ignored_regex": 4,
+                     "cpu_offload_on_cpu": 4}, units
+    assert variants["activation_checkpointing"]["forwards"] == 2.0, variants
+    assert variants["no_wrap"]["forwards"] == 1.0, variants
+    assert variants["cpu_offload_on_cpu"]["warned"], variants
+
+
+def _hsdp_worker(rank: int) -> dict[str, Any]:
+    from accel import ParallelismConfig
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    ref, _ = _reference()
+    full, _, facts = _train("together", parallelism=ParallelismConfig(dp_replicate_size=2,
+                                                                        dp_shard_size=2))
+    return {"diff": _close(full, ref) if rank == 0 else len(full), "facts": facts}
+
+
+def test_hsdp_on_a_two_by_two_mesh_matches_one_process() -> None:
+    results = run_workers(_hsdp_worker, 4, timeout=300)
+    assert results[0]["diff"] <= 1e-5, results[0]
+    assert all(r["diff"] == 0 for r in results[1:]), results
+    facts = results[0]["facts"]
+    assert facts["mesh"] == (2, 2) and facts["units"] == 4 and facts["opt_sees_shards"], facts
+
+
+def _single_worker(rank: int) -> dict[str, Any]:
+    from accel import ParallelismConfig
+
+    warnings.simplefilter("ignore")
+    ref, _ = _reference()
+    full, _, facts = _train("together", parallelism=ParallelismConfig(dp_shard_size=1))
+    return {"diff": _close(full, ref), "facts": facts}
+
+
+def test_fsdp_on_one_process_with_an_explicit_mesh() -> None:
+    result = run_workers(_single_worker, 1, timeout=120)[0]
+    assert result["diff"] <= 1e-5, result
+    assert result["facts"]["type"] and result["facts"]["dtensor"] == "DTensor"
+    assert result["facts"]["mesh"] == (1,)
