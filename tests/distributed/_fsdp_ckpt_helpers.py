@@ -138,3 +138,37 @@ def full_optimizer(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, np
 def listing(path: str | Path) -> list[str]:
     root = Path(path)
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(torch.tanh(self.lin(x)))
+
+
+class TiedNet(nn.Module):
+    """Input and output projections share one weight; two FSDP units plus the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, 16, bias=False)
+        self.blocks = nn.Sequential(Block(), Block())
+        self.out = nn.Linear(16, DIM, bias=False)
+        self.out.weight = nn.Parameter(self.inp.weight.detach().T.contiguous())
+        self.tied = nn.Linear(DIM, 16, bias=False)
+        self.tied.weight = self.inp.weight  # tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(self.blocks(self.inp(x) + self.tied(x)))
+        return out
+
+
+def dataset() -> Any:
+    from torch.utils.data import TensorDataset
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(20, DIM, generator=gen)
+    return TensorDataset(x, x.flip(1) * 0.5)

@@ -11,8 +11,9 @@ read once into memory, its sha256 compared with the manifest, while the ranks pl
 rank copies a tensor; a damaged file fails the load everywhere with nothing changed). Sharding,
 planning and resharding stay torch's (:func:`torch.distributed.checkpoint.save`/``load``).
 
-The files are plain safetensors with torch's DCP sharding metadata, so torch's own
-``HuggingFaceStorageReader`` reads them too.
+The files are plain safetensors with torch's DCP sharding metadata (torch's own
+``HuggingFaceStorageReader`` reads them); tied weights are stored once, their other names
+listed in the ``accel.aliases`` metadata, which this reader restores.
 """
 
 from __future__ import annotations
@@ -151,9 +152,11 @@ def _read_header(root: Path, rel: str, expected: str | None) -> tuple[dict[str, 
     entries, metadata = _st.parse_header(raw, str(path))
     try:
         info = json.loads(metadata[_INFO_KEY])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path} lacks valid {_INFO_KEY} metadata ({exc!r})",
-                              path=path) from None
+        aliases = json.loads(metadata.get(_st.ALIASES_KEY, "{}"))
+        entries.update({alias: entries[stored] for alias, stored in aliases.items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{path} lacks valid {_INFO_KEY} or {_st.ALIASES_KEY} metadata "
+                              f"({exc!r})", path=path) from None
     return entries, info
 
 
