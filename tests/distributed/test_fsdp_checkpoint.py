@@ -162,6 +162,40 @@ def test_plain_process_loads_a_sharded_checkpoint(saved: dict[str, Any]) -> None
         assert sorted(opt.state_dict()["state"]) == list(range(len(list(model.parameters()))))
 
 
+def test_merge_weights_consolidates_without_a_process_group(saved: dict[str, Any],
+                                                           tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    """`accel merge-weights`: HF-named safetensors equal to the saved model, one file or
+    several with an index; clear errors (status 2) for what is not a sharded checkpoint, 1 for
+    a damaged one."""
+    import shutil
+
+    from accel.checkpoint import load_model_state
+    from accel.launch.cli import main
+
+    source = saved["root"] / "sharded"
+    reference = saved["results"][0]["saved"]["params"]
+    assert main(["merge-weights", str(source), str(tmp_path / "one"), "--no_progress"]) == 0
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["model.safetensors"]
+    _same({k: v.numpy() for k, v in load_model_state(tmp_path / "one").items()}, reference)
+    assert main(["merge-weights", str(source), str(tmp_path / "many"),
+                 "--max_shard_size", "700B"]) == 0  # with the progress bar
+    many = sorted(p.name for p in (tmp_path / "many").iterdir())
+    assert many[-1] == "model.safetensors.index.json" and len(many) > 3
+    _same({k: v.numpy() for k, v in load_model_state(tmp_path / "many").items()}, reference)
+    capsys.readouterr()
+    assert main(["merge-weights", str(saved["root"] / "full"), str(tmp_path / "x")]) == 2
+    assert "holds no sharded model state" in capsys.readouterr().err
+    assert main(["merge-weights", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert "not a complete accel checkpoint" in capsys.readouterr().err
+    shutil.copytree(source, tmp_path / "bad")
+    _flip(tmp_path / "bad" / "sharded" / "model_0" /
+          "shard-00001-model-00001-of-00001.safetensors", -2)
+    assert main(["merge-weights", str(tmp_path / "bad"), str(tmp_path / "y")]) == 1
+    assert "corrupt" in capsys.readouterr().err and not (tmp_path / "y").exists()
+
+
 def _flip(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
@@ -290,6 +324,10 @@ def _e2e_resume(rank: int, root: str) -> dict[str, Any]:
         out[key] = _e2e_state(run)
         if world == 2:
             out[key]["losses"] = _e2e_train(run, E2E_STOP, E2E_TOTAL)["losses"]
+        if world == 2 and kind == "sharded":  # save_model of the sharded model, streamed
+            run["acc"].save_model(run["model"], f"{root}/exported", max_shard_size="600B")
+            full = run["acc"].get_state_dict(run["model"])  # rank 0 only
+            out["exported"] = {k: v.numpy().copy() for k, v in full.items()}
     return out
 
 
@@ -318,6 +356,23 @@ def test_accelerator_fsdp_save_state_resumes_exactly(e2e: dict[str, Any]) -> Non
             assert resumed[rank][kind]["lr"] == saved["lr"]
             assert resumed[rank][kind]["losses"] == first[rank][kind]["losses"][E2E_STOP:], \
                 (kind, rank)
+    _check_exported(root / "exported", resumed[0]["exported"])
+
+
+def _check_exported(directory: Path, expected: dict[str, np.ndarray]) -> None:
+    """Accelerator.save_model of an FSDP model: HF names, files of at most the limit (a larger
+    tensor alone), the tied weight stored once, every tensor whole."""
+    import json
+
+    from accel.checkpoint import load_model_state
+
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in directory.iterdir())
+    shards = sorted(set(index["weight_map"].values()))
+    assert files == [*shards, "model.safetensors.index.json"] and len(shards) > 2
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert "tied.weight" not in index["weight_map"]  # an alias of inp.weight, restored on load
+    _same({k: v.numpy() for k, v in load_model_state(directory).items()}, expected)
 
 
 @pytest.mark.parametrize("world", [1, 4])

@@ -24,7 +24,7 @@ Rules checked here:
   checkpoint converter knows no collectives, protocol or launcher; env never imports torch;
 - ``accel/launch/`` imports only L0/L1 modules and itself (at any level), and never torch at
   module level, so ``accel --help`` stays fast; the one exception is ``LAUNCH_LAZY_USES``
-  (``accel convert-checkpoint`` lazily imports its converter, L4);
+  (``accel convert-checkpoint`` and ``accel merge-weights`` lazily import their cores, L4);
 - only ``accel/env/_base.py`` touches the process environment (everything else asks accel/env);
 - no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
   outside ``device/`` and ``strategy/``;
@@ -119,11 +119,12 @@ SIDE_USERS: dict[str, tuple[str, ...]] = {
 LAUNCH_MAY_USE = {"L0", "L1", "side"}
 #: The only library modules above L1 that launch/ may use, each for the launch module named,
 #: and only lazily (inside the function that runs the command, after the arguments are parsed):
-#: ``accel convert-checkpoint`` is a command over the checkpoint storage (L4), which needs
-#: torch. The converter imports nothing from launch/ (no cycle), and being lazy the edge keeps
-#: ``accel --help`` and every other command off torch.
+#: ``accel convert-checkpoint`` and ``accel merge-weights`` are commands over the checkpoint
+#: storage (L4), which needs torch. The converter and the merge import nothing from launch/ (no
+#: cycle), and being lazy the edges keep ``accel --help`` and every other command off torch.
 LAUNCH_LAZY_USES: dict[str, tuple[str, ...]] = {
-    "accel/launch/cli.py": ("accel.checkpoint.convert.command",),
+    "accel/launch/cli.py": ("accel.checkpoint.convert.command",
+                            "accel.checkpoint.sharded.command"),
 }
 #: Seams stricter than the layers: (importer pattern, forbidden target prefixes, why).
 FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [

@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ..storage import CheckpointError, FileRecord, Manifest, _st, load_tensors
-from ..storage._io import HashingWriter
+from ..storage._io import HashingWriter, hash_file
 
 __all__ = ["SHARDED_DIR", "ShardReader", "ShardWriter", "dcp_errors", "shard_files"]
 
@@ -133,6 +135,21 @@ class ShardWriter(HuggingFaceStorageWriter):
         return future
 
 
+def _verify_file(root: Path, rel: str, manifest: Manifest) -> tuple[int, int]:
+    """Hash a listed file (constant memory) against the manifest; its (size, mtime_ns)."""
+    path = root / rel
+    try:
+        found = hash_file(path)
+        stat = path.stat()
+    except OSError as exc:
+        raise CheckpointError(f"{path} is missing or unreadable: {exc}", path=path) from exc
+    if found != manifest.files[rel]:
+        raise CheckpointError(f"{path} is corrupt: its size or sha256 differs from the "
+                              "manifest's; the file was changed or damaged after the save",
+                              path=path)
+    return stat.st_size, stat.st_mtime_ns
+
+
 def _read_header(root: Path, rel: str, expected: str | None) -> tuple[dict[str, Any], Any]:
     """A shard's header entries and DCP offsets, after checking the header's recorded hash."""
     path = root / rel
@@ -168,8 +185,10 @@ class ShardReader(HuggingFaceStorageReader):
     """
 
     def __init__(self, root: Path, prefix: str, manifest: Manifest,
-                 headers: Mapping[str, str]) -> None:
+                 headers: Mapping[str, str], *, verify_once: bool = False) -> None:
         super().__init__(str(root / prefix))
+        self.verify_once = verify_once
+        self._checked: dict[str, tuple[int, int]] = {}  # verified file -> (size, mtime_ns)
         self.root, self.prefix, self.manifest = root, prefix, manifest
         self.header_hashes = dict(headers)
         self.files = shard_files(manifest, prefix)
@@ -213,17 +232,42 @@ class ShardReader(HuggingFaceStorageReader):
         (and any rank's failure) before any rank copies data, so a damaged file stops the
         load on every rank before a single tensor is changed."""
         needed = sorted({self.storage_data[item.storage_index] for item in plan.items})
+        if self.verify_once:  # many loads from one reader (merge-weights): hash each file once
+            for rel in needed:
+                if rel not in self._checked:
+                    self._checked[rel] = _verify_file(self.root, rel, self.manifest)
+            return plan
         self._verified = {rel: load_tensors(self.root, rel, self.manifest) for rel in needed}
         return plan
+
+    def verify_all(self) -> None:
+        """Hash every file of this state against the manifest now (once each), so that a
+        damaged checkpoint is refused before anything is written from it."""
+        for rel in self.files:
+            if rel not in self._checked:
+                self._checked[rel] = _verify_file(self.root, rel, self.manifest)
+
+    def _stored(self, rel: str) -> dict[str, torch.Tensor]:
+        stored = self._verified.pop(rel, None)
+        if stored is not None:
+            return stored
+        if rel not in self._checked:  # verified before use all the same
+            return load_tensors(self.root, rel, self.manifest)
+        path = self.root / rel
+        with open(path, "rb") as fh:
+            stat = os.fstat(fh.fileno())
+            if (stat.st_size, stat.st_mtime_ns) != self._checked[rel]:
+                raise CheckpointError(f"{path} changed after it was verified; was it modified "
+                                      "during the merge?", path=path)
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        return _st.parse(mapped, str(path))[0]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[Any]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index], []).append(item)
         for rel, items in per_file.items():
-            stored = self._verified.pop(rel, None)
-            if stored is None:  # verified before use all the same
-                stored = load_tensors(self.root, rel, self.manifest)
+            stored = self._stored(rel)
             for item in items:
                 source = stored[item.storage_index.fqn]
                 for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths,

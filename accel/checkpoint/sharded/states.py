@@ -30,13 +30,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_loader import load as _dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ..storage import FileRecord, Manifest
 from .dcp_io import SHARDED_DIR, ShardReader, ShardWriter, dcp_errors, shard_files
 
-__all__ = ["ShardedFiles", "full_optimizer_state", "fqn_keyed", "has_shards",
+__all__ = ["ShardedFiles", "dcp_load", "full_optimizer_state", "fqn_keyed", "has_shards",
            "load_full_optimizer", "load_model_shards", "load_optimizer_shards", "model_prefix",
            "optimizer_prefix", "owner_module", "save_model_shards", "save_optimizer_shards",
            "torch_optimizer"]
@@ -141,12 +141,12 @@ def save_optimizer_shards(root: Path, index: int, module: nn.Module,
     return {"param_groups": state.get("param_groups", []), "state": plain, "tensors": keys}
 
 
-def _dcp_load(state: dict[str, Any], reader: ShardReader, distributed: bool) -> None:
+def dcp_load(state: dict[str, Any], reader: ShardReader, distributed: bool) -> None:
     """DCP load; without ``distributed`` no process group is used (torch warns that it
     assumes a single process: that is the intent here, so the warning is not shown)."""
     with warnings.catch_warnings(), dcp_errors(f"loading {reader.prefix}"):
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp_load(state, storage_reader=reader, no_dist=not distributed)
+        _dcp_load(state, storage_reader=reader, no_dist=not distributed)
 
 
 def load_model_shards(root: Path, manifest: Manifest, headers: Mapping[str, str], index: int,
@@ -167,7 +167,7 @@ def load_model_shards(root: Path, manifest: Manifest, headers: Mapping[str, str]
         raise ValueError(f"missing keys {missing[:20]}, unexpected keys {unexpected[:20]}; "
                          "load the checkpoint of this model, or pass strict=False")
     wanted = {k: v for k, v in state.items() if k in saved}
-    _dcp_load(wanted, reader, distributed)
+    dcp_load(wanted, reader, distributed)
     set_model_state_dict(module, wanted, options=StateDictOptions(strict=False))
     return missing, unexpected
 
@@ -201,7 +201,7 @@ def load_optimizer_shards(root: Path, manifest: Manifest, headers: Mapping[str, 
         for name, key in names.items():
             flat[key] = current[fqn][name]
     if flat:
-        _dcp_load(flat, ShardReader(root, optimizer_prefix(index), manifest, headers),
+        dcp_load(flat, ShardReader(root, optimizer_prefix(index), manifest, headers),
                   distributed)
     state = {fqn: {**plain.get(fqn, {}), **{n: flat[k] for n, k in keys.get(fqn, {}).items()}}
              for fqn in {*keys, *plain}}
