@@ -26,12 +26,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import format_seconds, interleave, machine_line, run_workers  # noqa: E402
+from _common import format_seconds, interleave, machine_line, run_workers
 
 __all__ = ["main"]
 
