@@ -196,6 +196,32 @@ def test_merge_weights_consolidates_without_a_process_group(saved: dict[str, Any
     assert "corrupt" in capsys.readouterr().err and not (tmp_path / "y").exists()
 
 
+def test_strict_loading_of_a_sharded_checkpoint(saved: dict[str, Any]) -> None:
+    """A model with a parameter the checkpoint lacks: strict raises naming the key; strict=
+    False loads the rest and warns about the missing key."""
+    import torch
+
+    from accel.checkpoint import CheckpointError, load_run
+
+    def build() -> Any:
+        model, _ = h.build(None)
+        model.extra = torch.nn.Linear(2, 2)
+        return model, torch.optim.AdamW(list(model.parameters())[:-2], lr=0.01)
+
+    model, opt = build()
+    with pytest.raises(CheckpointError, match=r"sharded/model_0/ .*'extra.weight'"):
+        load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / "sharded",
+                 None)
+    model, opt = build()
+    with pytest.warns(UserWarning, match=r"sharded/model_0/: missing keys \['extra.bias', "
+                      r"'extra.weight'\]"):
+        load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / "sharded",
+                 None, strict=False)
+    params = h.full_params(model)
+    _same({k: v for k, v in params.items() if not k.startswith("extra.")},
+          saved["results"][0]["saved"]["params"])
+
+
 def _flip(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
@@ -300,9 +326,17 @@ def _e2e_train(run: dict[str, Any], start: int, stop: int, save_at: int | None =
 
 
 def _e2e_first(rank: int, root: str) -> dict[str, Any]:
-    """2 processes: runs that save_state() (sharded, full) after E2E_STOP steps and go on."""
-    return {kind: _e2e_train(_e2e_build(rank, f"{root}/{kind}", sdt), 0, E2E_TOTAL, E2E_STOP)
-            for kind, sdt in (("sharded", "SHARDED_STATE_DICT"), ("full", "FULL_STATE_DICT"))}
+    """2 processes: runs that save_state() (sharded, full) after E2E_STOP steps and go on;
+    what the save hooks saw (models, and full state dicts only with FULL_STATE_DICT)."""
+    out = {}
+    for kind, sdt in (("sharded", "SHARDED_STATE_DICT"), ("full", "FULL_STATE_DICT")):
+        run = _e2e_build(rank, f"{root}/{kind}", sdt)
+        seen: list[Any] = []
+        run["acc"].register_save_state_pre_hook(
+            lambda models, weights, _dir: seen.append((len(models), [len(w) for w in weights])))
+        out[kind] = _e2e_train(run, 0, E2E_TOTAL, E2E_STOP)
+        out[kind]["hook"] = seen
+    return out
 
 
 def _e2e_resume(rank: int, root: str) -> dict[str, Any]:
@@ -328,7 +362,24 @@ def _e2e_resume(rank: int, root: str) -> dict[str, Any]:
             run["acc"].save_model(run["model"], f"{root}/exported", max_shard_size="600B")
             full = run["acc"].get_state_dict(run["model"])  # rank 0 only
             out["exported"] = {k: v.numpy().copy() for k, v in full.items()}
+            out["main_only"] = _main_only_save(run["acc"], rank, f"{root}/main_only")
     return out
+
+
+def _main_only_save(acc: Any, rank: int, path: str) -> str:
+    """save_state() under `if accelerator.is_main_process:` in an FSDP run: a clear error at
+    once on the main process, nothing written; the other process goes on untouched."""
+    from accel.checkpoint import CheckpointError
+
+    outcome = "not called"
+    if rank == 0:
+        try:
+            acc.save_state(path)
+            outcome = "saved"
+        except CheckpointError as exc:
+            outcome = str(exc)
+    acc.wait_for_everyone()
+    return outcome
 
 
 @pytest.fixture(scope="module")
@@ -346,6 +397,8 @@ def test_accelerator_fsdp_save_state_resumes_exactly(e2e: dict[str, Any]) -> Non
     assert any(f.startswith("sharded/model_0/") for f in files) and ".metadata" not in str(files)
     assert "model_0.safetensors" in h.listing(root / "full" / "checkpoints" / "checkpoint_0")
     resumed = run_workers(_e2e_resume, 2, args=(str(root),), timeout=180)
+    assert first[0]["sharded"]["hook"] == first[1]["sharded"]["hook"] == [(1, [])]
+    assert first[0]["full"]["hook"] == [(1, [7])] and first[1]["full"]["hook"] == [(1, [0])]
     for rank in range(2):
         # the two runs differ only in what they save: saving does not perturb training
         assert first[rank]["sharded"]["losses"] == first[rank]["full"]["losses"]
@@ -357,6 +410,10 @@ def test_accelerator_fsdp_save_state_resumes_exactly(e2e: dict[str, Any]) -> Non
             assert resumed[rank][kind]["losses"] == first[rank][kind]["losses"][E2E_STOP:], \
                 (kind, rank)
     _check_exported(root / "exported", resumed[0]["exported"])
+    assert "call save_state() on every process" in resumed[0]["main_only"]
+    assert resumed[1]["main_only"] == "not called"
+    assert not (root / "main_only").exists()
+    assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []
 
 
 def _check_exported(directory: Path, expected: dict[str, np.ndarray]) -> None:

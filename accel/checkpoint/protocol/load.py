@@ -129,7 +129,7 @@ class _Loader:
         keys = sharded.load_model(self.manifest, index, model, io, self.strict)
         rel = f"{sharded.model_prefix(index)}/" if keys is not None else \
             f"model_{index}.safetensors"
-        if keys is None:
+        if keys is None:  # a whole model file
             result = io.load_model_state_dict(model, load_tensors(self.path, rel, self.manifest),
                                               self.strict)
             keys = (list(result.missing_keys), list(result.unexpected_keys))
@@ -152,7 +152,9 @@ def _load_shared(ld: _Loader, snap: RunSnapshot) -> None:
         hook(models, str(ld.path))
     ld.run("manifest.json", functools.partial(_check_counts, ld.manifest, snap, len(models)))
     for i, model in enumerate(models):
-        ld.run(f"model_{i}.safetensors", functools.partial(ld.model, i, model, snap.model_io))
+        what = f"{sharded.model_prefix(i)}/" if sharded.holds_shards(ld.manifest, i) else \
+            f"model_{i}.safetensors"
+        ld.run(what, functools.partial(ld.model, i, model, snap.model_io))
     for i, opt in enumerate(snap.optimizers):
         ld.run(f"optimizer_{i}", functools.partial(ld.optimizer, i, opt, snap))
     has_scaler = bool(snap.scaler.state_dict())

@@ -39,8 +39,8 @@ from ..sharded.states import (
 from ..storage import CheckpointWriter, Manifest
 from .snapshot import ModelStateIO, RunSnapshot
 
-__all__ = ["FQN_LAYOUT", "distributed_state", "load_model", "load_optimizer", "model_prefix",
-           "queue_distributed", "sharded_headers", "state_module"]
+__all__ = ["FQN_LAYOUT", "distributed_state", "holds_shards", "load_model", "load_optimizer",
+           "model_prefix", "queue_distributed", "sharded_headers", "state_module"]
 
 #: ``meta["optimizer_layout"]`` of a checkpoint whose optimizer state is keyed by FQN.
 FQN_LAYOUT = "fqn"
@@ -105,11 +105,16 @@ def sharded_headers(manifest: Manifest) -> Mapping[str, str]:
     return headers if isinstance(headers, dict) else {}
 
 
+def holds_shards(manifest: Manifest, index: int) -> bool:
+    """Whether model ``index`` is stored as DCP shards (else ``model_<index>.safetensors``)."""
+    return has_shards(manifest, model_prefix(index))
+
+
 def load_model(manifest: Manifest, index: int, model: nn.Module, io: ModelStateIO,
                strict: bool) -> tuple[list[str], list[str]] | None:
     """Load ``sharded/model_<index>`` when the checkpoint has it (returns missing and
     unexpected keys); None: it holds ``model_<index>.safetensors`` instead."""
-    if not has_shards(manifest, model_prefix(index)):
+    if not holds_shards(manifest, index):
         return None
     return load_model_shards(manifest.path, manifest, sharded_headers(manifest), index,
                              state_module(io, model), strict, distributed_state(io))

@@ -164,8 +164,8 @@ def load_model_shards(root: Path, manifest: Manifest, headers: Mapping[str, str]
     missing = sorted(set(state) - saved)
     unexpected = sorted(saved - set(state))
     if strict and (missing or unexpected):
-        raise ValueError(f"missing keys {missing[:20]}, unexpected keys {unexpected[:20]}; "
-                         "load the checkpoint of this model, or pass strict=False")
+        raise ValueError(f"missing keys {missing[:20]}, unexpected keys {unexpected[:20]} "
+                         "(is it the checkpoint of this model?)")
     wanted = {k: v for k, v in state.items() if k in saved}
     dcp_load(wanted, reader, distributed)
     set_model_state_dict(module, wanted, options=StateDictOptions(strict=False))
