@@ -19,7 +19,6 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .checkpoint import check_registrable, load_run, save_run
-from .checkpoint.sharded.consolidate import save_model_streamed
 from .checkpoint.storage import files as _ckpt_files
 from .connector import Options, Runtime
 from .runstate import RunState
@@ -192,6 +191,8 @@ class CheckpointingMixin:
                           "safetensors only (pickle files can run code when loaded)",
                           stacklevel=2)
         if strategy.distributed_state:
+            from .checkpoint.sharded.consolidate import save_model_streamed  # imports DCP
+
             save_model_streamed(strategy.state_module(model), save_directory, max_shard_size,
                                 write=main)
         elif main:

@@ -235,9 +235,8 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
                                handlers.scaler, process.hardware)
     strategy = select_strategy(ctx, options.device_placement, handlers.ddp, options.fsdp_plugin,
                                options.parallelism_config, options.precision_mode)
-    # also without saves_alone: a main-process-only save_state() is then refused at once
     attendance = Attendance(monitor, timeout=group.timeout) \
-        if ctx.is_distributed and monitor.store is not None else None
+        if ctx.is_distributed and monitor.store is not None and strategy.saves_alone else None
     return Runtime(settings, info, process.hardware, ctx, group, monitor, comm, precision,
                    strategy, attendance)
 

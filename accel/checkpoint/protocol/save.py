@@ -24,9 +24,7 @@ first finds out through the store, without a collective, whether every rank call
 atomic directory and manifest) and the manifest's ``meta["absent_rank_states"]`` lists the ranks
 whose RNG states and loader positions are not in it; ``load_run`` handles them with one
 warning. A rank that called ``save_state`` after rank 0 had gone on alone takes that outcome.
-Only for strategies whose full state dicts need no collective (single process, DDP, XLA): for a
-run whose state lives in DTensors (FSDP) rank 0 raises a CheckpointError saying to call
-``save_state`` on every process (and so does any rank that calls it late).
+Only for strategies whose full state dicts need no collective (single process, DDP, XLA).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from ... import _tree, rng
 from ..._version import __version__
 from ...distributed import Communicator
 from ...distributed.attendance import Attendance, Roll
-from ..sharded.states import ShardedFiles
+from ..sharded.layout import ShardedFiles
 from ..storage import (
     CheckpointError,
     CheckpointWriter,
@@ -303,13 +301,6 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
             return _follow_main(comm, roll, attendance)
         target, error = Path(), "interrupted"
         try:
-            if distributed_state(snap.model_io):
-                raise CheckpointError(
-                    "save_state() was called on the main process only, but this run's model "
-                    "and optimizer state is sharded over every process (FSDP): call "
-                    "save_state() on every process (not under `if accelerator.is_main_"
-                    "process:`); the files are still written once, by the process that owns "
-                    "each shard")
             target = _save_alone(snap, roll, output_dir, root, limit, ctx.world_size)
             error = ""
         except BaseException as exc:  # told to the ranks that wait for it, then re-raised

@@ -12,6 +12,10 @@ Loading follows what the checkpoint holds, whatever this run's state dict type: 
 resharded to this run's world size by DCP; whole files are loaded by ``model_io`` (each rank
 keeps its shards). A run without DTensors (one process, DDP) can load sharded state too: DCP
 reads it without a process group.
+
+:mod:`accel.checkpoint.sharded.states` (torch's DCP and FSDP state-dict APIs) is imported by the
+functions that need it, so that importing the protocol (``from accel import Accelerator``) does
+not import FSDP.
 """
 
 from __future__ import annotations
@@ -22,20 +26,7 @@ from typing import Any
 from torch import nn
 
 from ... import _tree
-from ..sharded.states import (
-    ShardedFiles,
-    fqn_keyed,
-    full_optimizer_state,
-    has_shards,
-    load_full_optimizer,
-    load_model_shards,
-    load_optimizer_shards,
-    model_prefix,
-    owner_module,
-    save_model_shards,
-    save_optimizer_shards,
-    torch_optimizer,
-)
+from ..sharded.layout import ShardedFiles, has_shards, model_prefix
 from ..storage import CheckpointWriter, Manifest
 from .snapshot import ModelStateIO, RunSnapshot
 
@@ -69,6 +60,8 @@ def queue_distributed(writer: CheckpointWriter, snap: RunSnapshot, rank: int) ->
     """Every rank: write (DCP) or queue (rank 0) the models and optimizers; returns the DCP
     files this rank wrote. Save hooks get the models and, as under Accelerate's FSDP, the full
     state dicts only with FULL_STATE_DICT (``[]`` when sharded: there is nothing to pop)."""
+    from ..sharded import states
+
     io, tmp = snap.model_io, writer.tmpdir
     models = list(snap.models)
     modules = [state_module(io, m) for m in models]
@@ -77,7 +70,7 @@ def queue_distributed(writer: CheckpointWriter, snap: RunSnapshot, rank: int) ->
         for hook in snap.save_hooks:
             hook(models, [], str(tmp))
         for i, module in enumerate(modules):
-            save_model_shards(tmp, i, module, files)
+            states.save_model_shards(tmp, i, module, files)
     else:
         weights = [io.model_state_dict(m) for m in models]  # gathered; rank 0's are full
         for hook in snap.save_hooks:
@@ -87,12 +80,12 @@ def queue_distributed(writer: CheckpointWriter, snap: RunSnapshot, rank: int) ->
                 writer.write_tensors(f"model_{i}.safetensors",
                                      {k: v.detach().cpu() for k, v in state.items()})
     for i, opt in enumerate(snap.optimizers):
-        optim = torch_optimizer(opt)
-        owner = owner_module(modules, optim)
+        optim = states.torch_optimizer(opt)
+        owner = states.owner_module(modules, optim)
         if _sharded(io):
-            doc = save_optimizer_shards(tmp, i, owner, optim, files)
+            doc = states.save_optimizer_shards(tmp, i, owner, optim, files)
         else:
-            doc = full_optimizer_state(owner, optim)
+            doc = states.full_optimizer_state(owner, optim)
         if rank == 0:
             writer.write_state(f"optimizer_{i}", _on_cpu(doc))
     return files
@@ -116,6 +109,8 @@ def load_model(manifest: Manifest, index: int, model: nn.Module, io: ModelStateI
     unexpected keys); None: it holds ``model_<index>.safetensors`` instead."""
     if not holds_shards(manifest, index):
         return None
+    from ..sharded.states import load_model_shards
+
     return load_model_shards(manifest.path, manifest, sharded_headers(manifest), index,
                              state_module(io, model), strict, distributed_state(io))
 
@@ -130,13 +125,15 @@ def load_optimizer(manifest: Manifest, index: int, optimizer: Any, state: Any,
     distributed = distributed_state(io)
     if not (fqn_layout or distributed):
         return False
-    optim = torch_optimizer(optimizer)
-    owner = owner_module([state_module(io, m) for m in snap.models], optim)
+    from ..sharded import states
+
+    optim = states.torch_optimizer(optimizer)
+    owner = states.owner_module([state_module(io, m) for m in snap.models], optim)
     if isinstance(state, dict) and "tensors" in state:  # sharded: tensors in DCP files
-        load_optimizer_shards(manifest.path, manifest, sharded_headers(manifest), index, owner,
-                              optim, state, distributed)
+        states.load_optimizer_shards(manifest.path, manifest, sharded_headers(manifest), index,
+                                     owner, optim, state, distributed)
         return True
     if not fqn_layout:
-        state = fqn_keyed(owner, optim, state)
-    load_full_optimizer(owner, optim, state, distributed)
+        state = states.fqn_keyed(owner, optim, state)
+    states.load_full_optimizer(owner, optim, state, distributed)
     return True

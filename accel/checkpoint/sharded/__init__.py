@@ -5,13 +5,18 @@ Layer L4, between the checkpoint storage (which it writes with) and the protocol
 it). It uses ``torch.distributed.checkpoint`` (DCP) for sharding, planning and resharding and
 never the Accelerator, strategies or preparation.
 
+- :mod:`.layout`: where DCP state lives in a checkpoint (no ``torch.distributed`` import).
 - :mod:`.dcp_io`: DCP storage writer/reader over accel's hashed, pickle-free files.
 - :mod:`.states`: model and optimizer state in and out (sharded through DCP, or full).
-- :mod:`.merge`: consolidate a checkpoint's sharded models into safetensors, one process.
+- :mod:`.consolidate`: consolidated safetensors from sharded state (``save_model`` of an FSDP
+  model, ``accel merge-weights``).
+- :mod:`.command`: the ``accel merge-weights`` command.
+
+Only :mod:`.layout` is imported here: DCP and FSDP are imported by the runs that use them.
 """
 
 from __future__ import annotations
 
-from .dcp_io import SHARDED_DIR, ShardReader, ShardWriter, shard_files
+from .layout import SHARDED_DIR, ShardedFiles, has_shards, model_prefix, optimizer_prefix
 
-__all__ = ["SHARDED_DIR", "ShardReader", "ShardWriter", "shard_files"]
+__all__ = ["SHARDED_DIR", "ShardedFiles", "has_shards", "model_prefix", "optimizer_prefix"]

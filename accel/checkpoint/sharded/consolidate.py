@@ -20,7 +20,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from ...progress import tqdm
 from ..storage import CheckpointError, ModelFilesWriter, plan_shards, read_manifest
 from .dcp_io import ShardReader
-from .states import dcp_load, has_shards, model_prefix
+from .layout import has_shards, model_prefix
+from .states import dcp_load
 
 __all__ = ["merge_weights", "save_model_streamed", "sharded_models"]
 

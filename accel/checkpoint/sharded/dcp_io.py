@@ -55,11 +55,10 @@ from torch.futures import Future
 
 from ..storage import CheckpointError, FileRecord, Manifest, _st, load_tensors
 from ..storage._io import HashingWriter, hash_file
+from .layout import shard_files
 
-__all__ = ["SHARDED_DIR", "ShardReader", "ShardWriter", "dcp_errors", "shard_files"]
+__all__ = ["ShardReader", "ShardWriter", "dcp_errors"]
 
-#: Where DCP state lives inside a checkpoint: ``sharded/model_0/``, ``sharded/optimizer_0/``.
-SHARDED_DIR = "sharded"
 _INFO_KEY = "DCP_SHARDING_INFO"  # torch's names (torch.distributed.checkpoint._hf_utils)
 _VERSION_KEY = "DCP_VERSION"
 _OFFSETS_KEY = "saved_offsets"
@@ -82,12 +81,6 @@ def dcp_errors(what: str) -> Iterator[None]:
 
 def _file_name(shard_index: int) -> str:
     return f"shard-{shard_index:05d}-model-00001-of-00001.safetensors"
-
-
-def shard_files(manifest: Manifest, prefix: str) -> list[str]:
-    """The safetensors files a manifest lists under ``prefix/`` (one DCP state), sorted."""
-    return sorted(rel for rel in manifest.files
-                  if rel.startswith(f"{prefix}/") and rel.endswith(".safetensors"))
 
 
 class ShardWriter(HuggingFaceStorageWriter):

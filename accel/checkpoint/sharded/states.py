@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,38 +32,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as _dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from ..storage import FileRecord, Manifest
-from .dcp_io import SHARDED_DIR, ShardReader, ShardWriter, dcp_errors, shard_files
+from ..storage import Manifest
+from .dcp_io import ShardReader, ShardWriter, dcp_errors
+from .layout import ShardedFiles, model_prefix, optimizer_prefix
 
-__all__ = ["ShardedFiles", "dcp_load", "full_optimizer_state", "fqn_keyed", "has_shards",
-           "load_full_optimizer", "load_model_shards", "load_optimizer_shards", "model_prefix",
-           "optimizer_prefix", "owner_module", "save_model_shards", "save_optimizer_shards",
-           "torch_optimizer"]
-
-
-def model_prefix(index: int) -> str:
-    return f"{SHARDED_DIR}/model_{index}"
-
-
-def optimizer_prefix(index: int) -> str:
-    return f"{SHARDED_DIR}/optimizer_{index}"
-
-
-def has_shards(manifest: Manifest, prefix: str) -> bool:
-    """Whether the checkpoint holds DCP state under ``prefix`` (e.g. ``sharded/model_0``)."""
-    return bool(shard_files(manifest, prefix))
-
-
-@dataclass
-class ShardedFiles:
-    """The DCP files this rank wrote (for the manifest) and their header hashes."""
-
-    records: dict[str, FileRecord] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def take(self, writer: ShardWriter) -> None:
-        self.records.update(writer.records)
-        self.headers.update(writer.headers)
+__all__ = ["dcp_load", "fqn_keyed", "full_optimizer_state", "load_full_optimizer",
+           "load_model_shards", "load_optimizer_shards", "owner_module", "save_model_shards",
+           "save_optimizer_shards", "torch_optimizer"]
 
 
 def torch_optimizer(optimizer: object) -> torch.optim.Optimizer:
