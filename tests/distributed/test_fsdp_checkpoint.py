@@ -39,6 +39,9 @@ def _save_and_continue(rank: int, root: str) -> dict[str, Any]:
     comm, group = _start()
     world = comm.ctx.world_size
     model, opt = h.build(world)
+    initial = h.full_params(model)
+    save_run(comm, h.snapshot(model, opt, h.ShardIO(True)), f"{root}/fresh", None, None, None)
+    untouched = not opt.state and all(p.grad is None for p in model.parameters())
     losses = h.train(model, opt, range(SAVE_AT), rank, world)
     sharded = save_run(comm, h.snapshot(model, opt, h.ShardIO(True), SAVE_AT),
                        f"{root}/sharded", None, None, None)
@@ -47,7 +50,8 @@ def _save_and_continue(rank: int, root: str) -> dict[str, Any]:
     saved = {"params": h.full_params(model), "opt": h.full_optimizer(model, opt)}
     losses += h.train(model, opt, range(SAVE_AT, TOTAL), rank, world)
     group.close()
-    return {"losses": losses, "saved": saved, "paths": [str(sharded), str(full)]}
+    return {"losses": losses, "saved": saved, "paths": [str(sharded), str(full)],
+            "initial": initial, "untouched": untouched}
 
 
 def _load_and_continue(rank: int, root: str) -> dict[str, Any]:
@@ -224,6 +228,25 @@ def test_strict_loading_of_a_sharded_checkpoint(saved: dict[str, Any]) -> None:
     params = h.full_params(model)
     _same({k: v for k, v in params.items() if not k.startswith("extra.")},
           saved["results"][0]["saved"]["params"])
+
+
+def test_an_optimizer_saved_before_its_first_step_stays_fresh(saved: dict[str, Any]) -> None:
+    """torch's getter initialises an unstepped optimizer (a zero-lr step): the save undoes
+    that, and loading such a checkpoint leaves the optimizer without state, so the first
+    step after it is the first step of a fresh run."""
+    from accel.checkpoint import load_run
+
+    assert all(r["untouched"] for r in saved["results"])
+    files = h.listing(saved["root"] / "fresh")
+    assert not any(f.startswith("sharded/optimizer_0/") for f in files)
+    model, opt = h.build(None)
+    for group in opt.param_groups:
+        group["lr"] = 0.5  # the checkpoint's 0.01 comes back
+    with pytest.warns(UserWarning, match="written by 2 process"):
+        load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / "fresh",
+                 None)
+    assert not opt.state and [g["lr"] for g in opt.param_groups] == [0.01]
+    _same(h.full_params(model), saved["results"][0]["initial"])
 
 
 def _flip(path: Path, offset: int) -> None:
