@@ -75,7 +75,7 @@ class AccelerateAttributes:
         """The number the next automatically named checkpoint gets (``checkpoint_<n>``)."""
         return self._options.project.iteration
 
-    # -- parallelism queries: accel is data parallel only ---------------------------------------
+    # -- parallelism queries: data parallelism, replicated (DDP) or sharded (FSDP) --------------
     @property
     def multi_device(self) -> bool:
         """More than one process in the job (Accelerate: a multi-device distributed type)."""
@@ -92,8 +92,11 @@ class AccelerateAttributes:
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        """0: parameters are replicated, not sharded."""
-        return 0
+        """This rank's place among the ranks that shard the model (FSDP), else 0."""
+        mesh = self._state.device_mesh if self._state.is_fsdp2 else None
+        if mesh is None:
+            return 0
+        return int(mesh.get_local_rank(mesh.ndim - 1))
 
     @property
     def tensor_parallel_rank(self) -> int:

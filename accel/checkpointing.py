@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from . import _tree
 from .checkpoint import check_registrable, load_run, save_run
 from .checkpoint.storage import files as _ckpt_files
 from .connector import Options, Runtime
@@ -165,6 +166,7 @@ class CheckpointingMixin:
             >>> torch.load(os.path.join(folder, "extra.pt"), weights_only=True)
             {'epoch': 3}
         """
+        _refuse_shards(obj, self._rt.strategy.distributed_state)
         if not self._rt.context.is_main_process:
             return
         if isinstance(obj, nn.Module):
@@ -206,3 +208,19 @@ class CheckpointingMixin:
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's full state dict (gathered by the strategy when it is sharded)."""
         return self._rt.strategy.model_state_dict(model) if unwrap else dict(model.state_dict())
+
+
+def _refuse_shards(obj: Any, sharded_models: bool) -> None:
+    """``save`` writes what the main process holds; FSDP shards (DTensors) are a part of a
+    tensor, and gathering them needs every rank, so they are refused with the way to do it."""
+    shards: list[str] = []
+    if isinstance(obj, nn.Module):
+        if sharded_models:
+            shards.append(type(obj).__name__)
+    else:
+        _tree.apply(lambda t: shards.append("x") if hasattr(t, "full_tensor") else None, obj)
+    if shards:
+        raise ValueError("accelerator.save() got the shards of an FSDP model (DTensors): call "
+                         "state = accelerator.get_state_dict(model) on every rank (the full "
+                         "tensors land on the main process) and save that, or use "
+                         "accelerator.save_model(model, directory)")

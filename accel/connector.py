@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -54,7 +55,14 @@ from .distributed.attendance import Attendance
 from .distributed.debug import consistency_check
 from .distributed.stall import CollectiveMonitor
 from .dynamo import DynamoBackend, TorchDynamoPlugin
-from .fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
+from .fsdp_config import (
+    LAUNCH_FSDP,
+    LAUNCH_PARALLELISM,
+    FullyShardedDataParallelPlugin,
+    ParallelismConfig,
+    parallelism_from_launch,
+    plugin_from_launch,
+)
 from .precision import Precision, make_precision
 from .rng import RNG_TYPES
 from .strategy import Strategy, select_strategy
@@ -77,6 +85,9 @@ UNSUPPORTED_ARGUMENTS = {
 }
 
 _RNG_TYPES = RNG_TYPES
+#: plugin fields whose effect lives in other fields once normalised
+_EFFECTS = {"sharding_strategy": ("reshard_after_forward", "hybrid")}
+_Config = TypeVar("_Config", FullyShardedDataParallelPlugin, ParallelismConfig)
 
 
 @dataclass(frozen=True)
@@ -133,11 +144,6 @@ class Options:
     #: FSDP2 settings (None: data parallelism with DDP) and the device mesh of a sharded run
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
     parallelism_config: ParallelismConfig | None = None
-
-    @property
-    def shards(self) -> bool:
-        """Whether models are sharded (FSDP): a plugin, or a mesh that shards."""
-        return self.fsdp_plugin is not None or self.parallelism_config is not None
 
 
 @dataclass(frozen=True)
@@ -303,14 +309,49 @@ def _resolve_options(args: Arguments, settings: env.EnvSettings, handlers: Handl
 def resolve_sharding(plugin: FullyShardedDataParallelPlugin | None,
                      parallelism: ParallelismConfig | None,
                      settings: env.EnvSettings | None = None) -> dict[str, Any]:
-    """``fsdp_plugin`` and ``parallelism_config`` as given, type-checked."""
+    """``fsdp_plugin`` and ``parallelism_config``: as given, else (``ACCEL_USE_FSDP=1``) built
+    from the ``ACCEL_FSDP_*`` and ``ACCEL_PARALLELISM_CONFIG_*`` settings of ``accel launch``.
+    A given one that disagrees with those settings wins, with one warning naming them.
+
+    Example:
+        >>> found = env.EnvSettings(use_fsdp=True, fsdp_reshard_after_forward="false")
+        >>> resolve_sharding(None, None, found)["fsdp_plugin"].reshard_after_forward
+        False
+    """
     if plugin is not None and not isinstance(plugin, FullyShardedDataParallelPlugin):
         raise TypeError("fsdp_plugin must be a FullyShardedDataParallelPlugin, got "
                         f"{type(plugin).__name__}")
     if parallelism is not None and not isinstance(parallelism, ParallelismConfig):
         raise TypeError("parallelism_config must be a ParallelismConfig, got "
                         f"{type(parallelism).__name__}")
+    if settings is not None and settings.use_fsdp:
+        plugin = _from_env(plugin, settings.given("fsdp_"), LAUNCH_FSDP, "fsdp_plugin",
+                           plugin_from_launch)
+        parallelism = _from_env(parallelism, settings.given("parallelism_config_"),
+                                LAUNCH_PARALLELISM, "parallelism_config",
+                                parallelism_from_launch) if parallelism is not None or \
+            settings.given("parallelism_config_") else None
     return {"fsdp_plugin": plugin, "parallelism_config": parallelism}
+
+
+def _from_env(given: _Config | None, values: dict[str, Any], fields: dict[str, str],
+              argument: str, build: Callable[..., _Config]) -> _Config:
+    """``given``, else what the ``ACCEL_*`` ``values`` build; warns once when ``given`` differs
+    from them."""
+    try:
+        from_env = build(values, lambda name: f"ACCEL_{name.upper()}")
+    except ValueError as exc:
+        raise env.LaunchEnvironmentError(f"{exc}; fix the `accel launch` setting or unset the "
+                                         "variable") from None
+    if given is None:
+        return from_env
+    differ = [f"ACCEL_{name.upper()}={values[name]!r}" for name in values
+              if any(getattr(given, item) != getattr(from_env, item)
+                     for item in _EFFECTS.get(fields[name], (fields[name],)))]
+    if differ:
+        warnings.warn(f"Accelerator({argument}=...) overrides {', '.join(differ)} set by "
+                      f"`accel launch`; using the {argument} given", stacklevel=6)
+    return given
 
 
 def resolve_dynamo(backend: DynamoBackend | str | None, plugin: TorchDynamoPlugin | None

@@ -25,26 +25,36 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FullyShardedDataParallelPlugin", "ParallelismConfig", "WRAP_POLICIES",
-           "STATE_DICT_TYPES"]
+__all__ = ["FullyShardedDataParallelPlugin", "LAUNCH_FSDP", "LAUNCH_PARALLELISM",
+           "ParallelismConfig", "STATE_DICT_TYPES", "WRAP_POLICIES", "parallelism_from_launch",
+           "plugin_from_launch"]
+
+_T = TypeVar("_T")
 
 #: ``auto_wrap_policy`` names (Accelerate's, case-insensitive on input)
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 #: ``state_dict_type`` names FSDP2 supports (``LOCAL_STATE_DICT`` was FSDP1's only)
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 
-# FSDP1's ShardingStrategy by name and by number (Accelerate accepts both): what FSDP2 does
-# instead (reshard_after_forward, hybrid mesh), or None when FSDP2 has no equivalent.
+# FSDP1's ShardingStrategy by name and by number (torch's enum values, which Accelerate accepts
+# too): what FSDP2 does instead (reshard_after_forward, hybrid mesh), or None when FSDP2 has no
+# equivalent. Accelerate spells the last one without torch's leading underscore.
 _SHARDING = {"FULL_SHARD": (True, False), "SHARD_GRAD_OP": (False, False), "NO_SHARD": None,
-             "HYBRID_SHARD": (True, True), "_HYBRID_SHARD_ZERO2": (False, True)}
+             "HYBRID_SHARD": (True, True), "HYBRID_SHARD_ZERO2": (False, True)}
 _SHARDING_BY_NUMBER = dict(zip("12345", _SHARDING, strict=True))
+# FSDP1's BackwardPrefetch by name and number; FSDP2 always prefetches before backward (PRE).
+_PREFETCH = {"BACKWARD_PRE": "BACKWARD_PRE", "1": "BACKWARD_PRE", "BACKWARD_POST": "BACKWARD_POST",
+             "2": "BACKWARD_POST", "NO_PREFETCH": "NO_PREFETCH"}
+# torch's StateDictType by name and number, and short names
+_STATE_DICT = {"1": "FULL_STATE_DICT", "2": "LOCAL_STATE_DICT", "3": "SHARDED_STATE_DICT",
+               "FULL": "FULL_STATE_DICT", "SHARDED": "SHARDED_STATE_DICT"}
 _DTYPES = {"fp32": "float32", "float32": "float32", "no": "float32", "bf16": "bfloat16",
            "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 _TRUE, _FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
@@ -60,13 +70,24 @@ def _flag(value: Any, name: str) -> bool:
     raise ValueError(f"FullyShardedDataParallelPlugin({name}={value!r}): expected True or False")
 
 
-def _sharding_name(value: Any) -> str:
-    """FSDP1 ``ShardingStrategy`` (enum, name or number) as its name."""
-    name = getattr(value, "name", None) or str(value).strip().upper()
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, bool) or str(value).strip().lower() in {*_TRUE, *_FALSE}
+
+
+def _enum_name(value: Any) -> str:
+    """An enum's name, an int's digits, or a string upper-cased (``"hybrid_shard"``)."""
+    name = getattr(value, "name", None)
+    return str(name) if isinstance(name, str) else str(value).strip().upper()
+
+
+def _sharding_name(value: Any, field_name: str = "sharding_strategy") -> str:
+    """FSDP1 ``ShardingStrategy`` (enum, name or number 1-5) as Accelerate's name."""
+    name = _enum_name(value).lstrip("_")
     name = _SHARDING_BY_NUMBER.get(name, name)
     if name not in _SHARDING:
-        raise ValueError(f"unknown sharding_strategy {value!r}; expected one of "
-                         f"{', '.join(_SHARDING)} (or, better, FSDP2's reshard_after_forward)")
+        raise ValueError(f"{field_name}={value!r} is not an FSDP1 sharding strategy; expected "
+                         f"one of {', '.join(_SHARDING)} or 1-5 (or, better, FSDP2's "
+                         "reshard_after_forward=True/False)")
     return name
 
 
@@ -182,66 +203,82 @@ class FullyShardedDataParallelPlugin:
             setattr(self, name, False if value is None else _flag(value, name))
         self.sync_module_states = True if self.sync_module_states is None else \
             _flag(self.sync_module_states, "sync_module_states")
-        if self.activation_checkpointing_offload:
-            raise ValueError("activation_checkpointing_offload is not supported; use "
-                             "activation_checkpointing=True (recomputation, no offload)")
-        self.activation_checkpointing_offload = None
         if isinstance(self.ignored_modules, str) and not self.ignored_modules.strip():
             self.ignored_modules = None
 
     # -- FSDP1 fields ---------------------------------------------------------------------------
     def _map_fsdp1(self) -> None:
-        if self.fsdp_version not in (None, 1, 2, "1", "2"):
+        if str(self.fsdp_version).strip() not in ("None", "1", "2"):
             raise ValueError(f"fsdp_version={self.fsdp_version!r}: accel runs FSDP2; pass 2")
-        if self.fsdp_version in (1, "1"):
+        if str(self.fsdp_version).strip() == "1":
             warnings.warn("fsdp_version=1: accel shards with FSDP2 (fully_shard); the FSDP1 "
                           "settings are mapped to FSDP2's (pass fsdp_version=2 to silence this)",
                           stacklevel=4)
         self.fsdp_version = 2
-        strategy = self.sharding_strategy
-        if strategy is None and isinstance(self.reshard_after_forward, str) and \
-                self.reshard_after_forward.strip().upper() not in {*_TRUE, *_FALSE}:
-            strategy = self.reshard_after_forward  # Accelerate's FSDP1 spelling of the field
-            self.reshard_after_forward = None
+        strategy, given = self.sharding_strategy, self.reshard_after_forward
+        if given is not None and not _is_flag(given):
+            # Accelerate's FSDP1 spelling of the field: a sharding strategy (name, number, enum)
+            if _enum_name(given).lstrip("_") not in {*_SHARDING, *_SHARDING_BY_NUMBER}:
+                raise ValueError(f"reshard_after_forward={given!r}: expected True or False (or, "
+                                 "as FSDP1 spelled it, a sharding strategy: "
+                                 f"{', '.join(_SHARDING)})")
+            name = _sharding_name(given, "reshard_after_forward")
+            if strategy is not None and _sharding_name(strategy) != name:
+                raise ValueError(f"sharding_strategy={strategy!r} and reshard_after_forward="
+                                 f"{given!r} disagree; pass only reshard_after_forward")
+            strategy, given = name, None
         if strategy is not None:
             name = _sharding_name(strategy)
             mapped = _SHARDING[name]
             if mapped is None:
                 raise ValueError("sharding_strategy=NO_SHARD replicates the whole model, which "
-                                 "FSDP2 does not do: drop fsdp_plugin to use DDP, or pass "
-                                 "parallelism_config=ParallelismConfig(dp_replicate_size=N)")
-            if self.reshard_after_forward is not None and \
-                    _flag(self.reshard_after_forward, "reshard_after_forward") != mapped[0]:
-                raise ValueError(f"sharding_strategy={name} and reshard_after_forward="
-                                 f"{self.reshard_after_forward!r} disagree; pass only "
-                                 "reshard_after_forward (FSDP2's field)")
-            self.reshard_after_forward, self.hybrid = mapped
-            self.sharding_strategy = None
+                                 "FSDP2 does not do: drop fsdp_plugin (and --use_fsdp) to use "
+                                 "DDP, or pass parallelism_config=ParallelismConfig("
+                                 "dp_replicate_size=N)")
+            if given is not None and _flag(given, "reshard_after_forward") != mapped[0]:
+                raise ValueError(f"sharding_strategy={name} and reshard_after_forward={given!r} "
+                                 "disagree; pass only reshard_after_forward (FSDP2's field)")
+            given, self.hybrid = mapped
+        self.reshard_after_forward = given
+        self.sharding_strategy = None
         self._refuse_fsdp1_only()
 
     def _refuse_fsdp1_only(self) -> None:
-        prefetch = getattr(self.backward_prefetch, "name", self.backward_prefetch)
-        if prefetch is not None and str(prefetch).upper() not in ("BACKWARD_PRE", "NO_PREFETCH"):
-            warnings.warn(f"backward_prefetch={prefetch!r} is FSDP1's; FSDP2 always prefetches "
-                          "the next unit before its backward (BACKWARD_PRE)", stacklevel=5)
+        if self.backward_prefetch is not None:
+            prefetch = _PREFETCH.get(_enum_name(self.backward_prefetch))
+            if prefetch is None:
+                raise ValueError(f"backward_prefetch={self.backward_prefetch!r}: expected one of "
+                                 "BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH (FSDP1's; FSDP2 "
+                                 "always prefetches before backward, so drop it)")
+            if prefetch == "BACKWARD_POST":
+                warnings.warn("backward_prefetch=BACKWARD_POST is FSDP1's; FSDP2 always "
+                              "prefetches the next unit before its backward (BACKWARD_PRE)",
+                              stacklevel=5)
         self.backward_prefetch = None
+        if self.use_orig_params is not None and not _flag(self.use_orig_params,
+                                                          "use_orig_params"):
+            warnings.warn("use_orig_params=False is FSDP1's flat-parameter mode; FSDP2 always "
+                          "trains the original parameters (drop the setting)", stacklevel=5)
+        offload = self.activation_checkpointing_offload
         refused = {
             "state_dict_config": (self.state_dict_config is not None, "state_dict_type"),
             "optim_state_dict_config": (self.optim_state_dict_config is not None,
                                         "state_dict_type"),
-            "use_orig_params": (self.use_orig_params is False,
-                                "nothing (FSDP2 always trains the original parameters)"),
-            "forward_prefetch": (bool(self.forward_prefetch) and
-                                 str(self.forward_prefetch).lower() not in _FALSE,
-                                 "nothing (FSDP2 has no forward prefetch setting)"),
+            "forward_prefetch": (self.forward_prefetch is not None and
+                                 _flag(self.forward_prefetch, "forward_prefetch"),
+                                 "nothing (FSDP2 has no forward prefetch setting; drop it)"),
             "param_init_fn": (self.param_init_fn is not None, "cpu_ram_efficient_loading=True "
                               "(with the model built under init_empty_weights() on ranks > 0)"),
+            "activation_checkpointing_offload": (
+                offload is not None and _flag(offload, "activation_checkpointing_offload"),
+                "activation_checkpointing=True (recomputation, no offload)"),
         }
         for name, (given, instead) in refused.items():
             if given:
-                raise ValueError(f"FullyShardedDataParallelPlugin({name}=...) is FSDP1's and has "
-                                 f"no FSDP2 equivalent in accel; use {instead}")
+                raise ValueError(f"FullyShardedDataParallelPlugin({name}=...) has no FSDP2 "
+                                 f"equivalent in accel; use {instead}")
         self.use_orig_params = self.forward_prefetch = None
+        self.activation_checkpointing_offload = None
 
     # -- FSDP2 fields ---------------------------------------------------------------------------
     def _normalise_wrap(self) -> None:
@@ -267,6 +304,8 @@ class FullyShardedDataParallelPlugin:
             raise ValueError(f"min_num_params must be a non-negative integer, got "
                              f"{self.min_num_params!r}")
         self.min_num_params = int(self.min_num_params)
+        if policy == "size_based_wrap" and self.min_num_params == 0:
+            self.auto_wrap_policy = "no_wrap"  # Accelerate: a size of 0 wraps nothing
 
     @staticmethod
     def _offload(value: Any) -> bool:
@@ -282,10 +321,8 @@ class FullyShardedDataParallelPlugin:
 
     def _normalise_state_dict_type(self) -> None:
         value = self.state_dict_type
-        name = "SHARDED_STATE_DICT" if value is None else \
-            (getattr(value, "name", None) or str(value).strip().upper())
-        name = {"1": "FULL_STATE_DICT", "2": "LOCAL_STATE_DICT", "3": "SHARDED_STATE_DICT",
-                "FULL": "FULL_STATE_DICT", "SHARDED": "SHARDED_STATE_DICT"}.get(name, name)
+        name = "SHARDED_STATE_DICT" if value is None else _enum_name(value)
+        name = _STATE_DICT.get(name, name)
         if name not in STATE_DICT_TYPES:
             raise ValueError(f"state_dict_type={value!r}: FSDP2 saves FULL_STATE_DICT or "
                              "SHARDED_STATE_DICT (LOCAL_STATE_DICT was FSDP1's)")
@@ -293,8 +330,9 @@ class FullyShardedDataParallelPlugin:
 
     def set_state_dict_type(self, state_dict_type: Any = None) -> None:
         """Switch between full and sharded checkpoints (Accelerate's method), e.g. to save a
-        final full checkpoint of a run that saved sharded ones."""
-        self.state_dict_type = state_dict_type
+        final full checkpoint of a run that saved sharded ones; None keeps the current type."""
+        if state_dict_type is not None:
+            self.state_dict_type = state_dict_type
         self._normalise_state_dict_type()
 
     def set_mixed_precision(self, mixed_precision: Any, override: bool = False) -> None:
@@ -377,3 +415,84 @@ class ParallelismConfig:
             return init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
         return init_device_mesh(device_type, (rep, shard),
                                 mesh_dim_names=("dp_replicate", "dp_shard"))
+
+
+# -- accel launch ------------------------------------------------------------------------------
+#: ``accel launch`` settings (Accelerate's ``--fsdp_*`` flag and ``fsdp_config`` key names) and
+#: the plugin field each one sets; a worker gets them as ``ACCEL_<NAME>`` variables.
+LAUNCH_FSDP = {
+    "fsdp_version": "fsdp_version", "fsdp_sharding_strategy": "sharding_strategy",
+    "fsdp_reshard_after_forward": "reshard_after_forward", "fsdp_offload_params": "cpu_offload",
+    "fsdp_auto_wrap_policy": "auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
+    "fsdp_min_num_params": "min_num_params", "fsdp_backward_prefetch": "backward_prefetch",
+    "fsdp_state_dict_type": "state_dict_type", "fsdp_forward_prefetch": "forward_prefetch",
+    "fsdp_use_orig_params": "use_orig_params",
+    "fsdp_cpu_ram_efficient_loading": "cpu_ram_efficient_loading",
+    "fsdp_sync_module_states": "sync_module_states",
+    "fsdp_activation_checkpointing": "activation_checkpointing",
+    "fsdp_activation_checkpointing_offload": "activation_checkpointing_offload",
+    "fsdp_ignored_modules": "ignored_modules",
+}
+#: ``accel launch`` settings (``--parallelism_config_*``) and the ``ParallelismConfig`` field.
+LAUNCH_PARALLELISM = {f"parallelism_config_{name}": name for name in (
+    "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")}
+
+
+def plugin_from_launch(values: Mapping[str, Any], where: Callable[[str], str] = str
+                       ) -> FullyShardedDataParallelPlugin:
+    """The plugin that ``accel launch`` settings describe (``LAUNCH_FSDP`` names, values as
+    flags and config files write them); an error names the setting, as ``where(name)`` says.
+
+    Example:
+        >>> plugin_from_launch({"fsdp_reshard_after_forward": "false"}).reshard_after_forward
+        False
+        >>> plugin_from_launch({"fsdp_state_dict_type": "LOCAL"}, lambda n: "--" + n)
+        Traceback (most recent call last):
+        ValueError: --fsdp_state_dict_type 'LOCAL': state_dict_type='LOCAL': FSDP2 saves ...
+    """
+    unknown = set(values) - set(LAUNCH_FSDP)
+    if unknown:
+        raise ValueError(f"unknown FSDP settings {sorted(unknown)}; expected some of "
+                         f"{', '.join(LAUNCH_FSDP)}")
+    return _build(FullyShardedDataParallelPlugin, LAUNCH_FSDP, values, where)
+
+
+def parallelism_from_launch(values: Mapping[str, Any], where: Callable[[str], str] = str
+                            ) -> ParallelismConfig:
+    """The ``ParallelismConfig`` of ``accel launch``'s ``parallelism_config_*`` settings.
+
+    Example:
+        >>> parallelism_from_launch({"parallelism_config_dp_replicate_size": "2"})
+        ParallelismConfig(dp_replicate_size=2, dp_shard_size=None, tp_size=None, cp_size=None, \
+cp_backend=None, sp_size=None, sp_backend=None, tp_handler=None, cp_handler=None, sp_handler=None)
+    """
+    sizes = {}
+    for name, value in values.items():
+        text = str(value).strip()
+        if name not in LAUNCH_PARALLELISM:
+            raise ValueError(f"unknown parallelism setting {name!r}; expected some of "
+                             f"{', '.join(LAUNCH_PARALLELISM)}")
+        if isinstance(value, bool) or not text.isdigit():
+            raise ValueError(f"{where(name)} {value!r}: expected a positive integer")
+        sizes[name] = int(text)
+    return _build(ParallelismConfig, LAUNCH_PARALLELISM, sizes, where)
+
+
+def _build(cls: Callable[..., _T], fields: Mapping[str, str], values: Mapping[str, Any],
+           where: Callable[[str], str]) -> _T:
+    """``cls(**values)`` under its field names; a bad value is blamed on its own setting (each
+    is tried alone first, quietly), a contradiction on all of them."""
+    for name, value in values.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _blame(cls, {fields[name]: value}, f"{where(name)} {value!r}")
+    given = ", ".join(f"{where(name)} {value!r}" for name, value in values.items())
+    return _blame(cls, {fields[name]: value for name, value in values.items()}, given)
+
+
+def _blame(cls: Callable[..., _T], kwargs: dict[str, Any], what: str) -> _T:
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{what}: {exc}") from None

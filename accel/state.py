@@ -323,16 +323,17 @@ class AcceleratorState(PartialState):
             raise TypeError("AcceleratorState(dynamo_plugin=...) must be a TorchDynamoPlugin, got "
                             f"{type(dynamo_plugin).__name__}")
         self.dynamo_plugin = dynamo_plugin
-        sharding = resolve_sharding(kwargs.pop("fsdp_plugin", None),
-                                    kwargs.pop("parallelism_config", None))
-        self.fsdp_plugin = sharding["fsdp_plugin"]
-        self.parallelism_config = sharding["parallelism_config"]
+        plugin, mesh = kwargs.pop("fsdp_plugin", None), kwargs.pop("parallelism_config", None)
+        resolve_sharding(plugin, mesh)  # types first, before any process group starts
         for name in _PLUGINS:
             if kwargs.pop(name, None) is not None:
                 hint = UNSUPPORTED_ARGUMENTS.get(name, "accel has no such plugin")
                 raise TypeError(f"AcceleratorState({name}=...) is not supported: {hint}")
         self._process, settings = _connect(cpu, kwargs)
         self._mixed_precision = resolve_precision(mixed_precision, settings).value
+        sharding = resolve_sharding(plugin, mesh, settings)  # ACCEL_USE_FSDP from accel launch
+        self.fsdp_plugin = sharding["fsdp_plugin"]
+        self.parallelism_config = sharding["parallelism_config"]
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, mixed_precision={self.mixed_precision!r})"

@@ -27,6 +27,7 @@ __all__ = [
     "ACCEL_VARIABLES",
     "DYNAMO_BACKENDS",
     "DYNAMO_MODES",
+    "FSDP_VARIABLES",
     "AccelVariable",
     "EnvSettings",
     "launch_setting_source",
@@ -56,6 +57,41 @@ class EnvSettings:
     #: None (unset): torch.compile's own default (``dynamic=None``, dynamic after a recompile)
     dynamo_use_dynamic: bool | None = None
     dynamo_use_regional_compilation: bool = False
+    #: ``init_empty_weights()`` / ``init_on_device()`` put buffers on the device too when their
+    #: ``include_buffers`` is left unset (Accelerate's ``ACCELERATE_INIT_INCLUDE_BUFFERS``).
+    init_include_buffers: bool = False
+    #: FSDP (``accel launch --use_fsdp --fsdp_* ...``): ``Accelerator()`` builds its
+    #: ``FullyShardedDataParallelPlugin`` from the ``fsdp_*`` values (as written, validated by
+    #: the launcher and again by the plugin) and its ``ParallelismConfig`` from the sizes.
+    use_fsdp: bool = False
+    fsdp_version: str | None = None
+    fsdp_sharding_strategy: str | None = None
+    fsdp_reshard_after_forward: str | None = None
+    fsdp_offload_params: str | None = None
+    fsdp_auto_wrap_policy: str | None = None
+    fsdp_transformer_layer_cls_to_wrap: str | None = None
+    fsdp_min_num_params: str | None = None
+    fsdp_backward_prefetch: str | None = None
+    fsdp_state_dict_type: str | None = None
+    fsdp_forward_prefetch: str | None = None
+    fsdp_use_orig_params: str | None = None
+    fsdp_cpu_ram_efficient_loading: str | None = None
+    fsdp_sync_module_states: str | None = None
+    fsdp_activation_checkpointing: str | None = None
+    fsdp_activation_checkpointing_offload: str | None = None
+    fsdp_ignored_modules: str | None = None
+    parallelism_config_dp_replicate_size: int | None = None
+    parallelism_config_dp_shard_size: int | None = None
+
+    def given(self, prefix: str) -> dict[str, Any]:
+        """The fields named ``prefix...`` that are set (``"fsdp_"``: the FSDP plugin's).
+
+        Example:
+            >>> EnvSettings(use_fsdp=True, fsdp_version="2").given("fsdp_")
+            {'fsdp_version': '2'}
+        """
+        return {name: value for name, value in vars(self).items()
+                if name.startswith(prefix) and value is not None}
 
 
 #: Accelerate's ``DynamoBackend`` values, lower-cased (``no``: do not compile).
@@ -65,6 +101,30 @@ DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nv
                    "neuron")
 #: ``torch.compile`` modes (Accelerate offers the first three).
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+#: FSDP launch settings (Accelerate's flag names) and what they set: ``ACCEL_<NAME>``.
+FSDP_VARIABLES: tuple[tuple[str, str], ...] = (
+    ("fsdp_version", "1 or 2 (accel always runs FSDP2; 1 maps FSDP1 settings)"),
+    ("fsdp_sharding_strategy", "FSDP1's FULL_SHARD | SHARD_GRAD_OP | HYBRID_SHARD | "
+     "HYBRID_SHARD_ZERO2 (or 1-5), mapped to reshard_after_forward"),
+    ("fsdp_reshard_after_forward", "true | false (or an FSDP1 sharding strategy)"),
+    ("fsdp_offload_params", "true to keep parameters, gradients and optimizer states on the CPU"),
+    ("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP"),
+    ("fsdp_transformer_layer_cls_to_wrap", "comma-separated class names to shard as units"),
+    ("fsdp_min_num_params", "parameters of a unit with SIZE_BASED_WRAP"),
+    ("fsdp_backward_prefetch", "FSDP1's BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH (FSDP2 "
+     "always prefetches)"),
+    ("fsdp_state_dict_type", "SHARDED_STATE_DICT | FULL_STATE_DICT (what save_state writes)"),
+    ("fsdp_forward_prefetch", "FSDP1's; only false is accepted"),
+    ("fsdp_use_orig_params", "FSDP1's; FSDP2 always trains the original parameters"),
+    ("fsdp_cpu_ram_efficient_loading", "true: rank 0 holds the weights, prepare() sends the "
+     "shards"),
+    ("fsdp_sync_module_states", "true: start every rank from rank 0's weights"),
+    ("fsdp_activation_checkpointing", "true to recompute each unit's activations in backward"),
+    ("fsdp_activation_checkpointing_offload", "only false is accepted"),
+    ("fsdp_ignored_modules", "regex of module names that are not sharded"),
+)
 
 
 def _text(environ: Mapping[str, str], name: str) -> str | None:
@@ -168,6 +228,19 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", "1 to compile repeated blocks "
                   "once each (regional compilation)", "dynamo_use_regional_compilation",
                   _switch, "dynamo_use_regional_compilation"),
+    AccelVariable("ACCEL_INIT_INCLUDE_BUFFERS", "1 to create buffers on the meta device too "
+                  "under init_empty_weights() / init_on_device() when include_buffers is not "
+                  "given", "init_include_buffers", _switch),
+    AccelVariable("ACCEL_USE_FSDP", "1 to shard models with FSDP2 (accel launch --use_fsdp); "
+                  "Accelerator() builds its fsdp_plugin from the FSDP variables below",
+                  "use_fsdp", _switch, "use_fsdp"),
+    *(AccelVariable(f"ACCEL_{name.upper()}", f"FullyShardedDataParallelPlugin: {text} (accel "
+                    f"launch --{name})", name, _text, name) for name, text in FSDP_VARIABLES),
+    *(AccelVariable(f"ACCEL_PARALLELISM_CONFIG_{name.upper()}", f"ParallelismConfig {name}: "
+                    f"{text} (accel launch --parallelism_config_{name})",
+                    f"parallelism_config_{name}", _positive, f"parallelism_config_{name}")
+      for name, text in (("dp_replicate_size", "replicated groups (HSDP)"),
+                         ("dp_shard_size", "processes that shard the model in each group"))),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the

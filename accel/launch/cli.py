@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .._parse import parse_float, parse_int
+from ..env.settings import FSDP_VARIABLES
 from . import core
 from .config_file import ConfigFile, default_config_path, read_config
 from .errors import CLIError
@@ -118,6 +119,8 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _switch(p, "dynamo_use_fullgraph", "compile the whole model as one graph")
     _switch(p, "dynamo_use_dynamic", "trace dynamic shapes")
     _switch(p, "dynamo_use_regional_compilation", "compile repeated blocks once each")
+    _add_fsdp_args(p.add_argument_group("FSDP2 (Accelerate's flags; values as `accelerate "
+                                        "launch` takes them)"))
     _flag(p, "mpirun_hostfile", metavar="PATH", help="start CPU workers with mpirun (Open MPI, "
           "MPICH, Intel MPI, MVAPICH2) on the hosts of this file instead of torchrun's agent")
     _flag(p, "config_file", metavar="PATH", help="YAML config (must exist)")
@@ -132,6 +135,21 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("script", metavar="script.py", nargs="?",
                    help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+
+
+def _add_fsdp_args(p: Any) -> None:
+    _switch(p, "use_fsdp", "shard models with FSDP2 (ACCEL_USE_FSDP; with --cpu or on GPUs)")
+    for name, text in FSDP_VARIABLES:
+        _flag(p, name, metavar="V", help=text)
+    _switch(p, "use_parallelism_config", "accepted for Accelerate's sake: the sizes below "
+            "apply whenever given")
+    _flag(p, "parallelism_config_dp_replicate_size", type=_positive, metavar="N",
+          help="replicated groups of the device mesh (HSDP)")
+    _flag(p, "parallelism_config_dp_shard_size", type=_positive, metavar="N",
+          help="processes that shard the model in each group")
+    for name in ("tp_size", "cp_size", "sp_size"):
+        _flag(p, f"parallelism_config_{name}", type=_positive, metavar="1",
+              help=argparse.SUPPRESS)  # accel has none: only 1 is accepted
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,9 +4,13 @@ The file goes to ``--config_file``, else ``$ACCEL_CONFIG_FILE``, else
 ``~/.config/accel/default_config.yaml`` (``$XDG_CONFIG_HOME`` respected), in Accelerate's format.
 
 Example:
-    >>> answers = iter(["1", "yes", "4", "bf16"])
+    >>> answers = iter(["1", "yes", "4", "no", "bf16"])
     >>> ask_config(lambda prompt: next(answers), gpu_count=0)["num_processes"]
     4
+    >>> answers = iter(["1", "yes", "2", "yes", "", "Block", "no", "", "no"])
+    >>> block = ask_config(lambda prompt: next(answers), gpu_count=0)["fsdp_config"]
+    >>> block["fsdp_transformer_layer_cls_to_wrap"], block["fsdp_reshard_after_forward"]
+    ('Block', False)
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ def _one_of(choices: Sequence[str]) -> Callable[[str], str]:
     return lambda text: parse_choice(text, _ANSWER, choices)
 
 
+def _upper_choice(choices: Sequence[str]) -> Callable[[str], str]:
+    """One of upper-case ``choices``, answered in any case."""
+    lower = tuple(choice.lower() for choice in choices)
+    return lambda text: parse_choice(text, _ANSWER, lower).upper()
+
+
 def _gpu_ids(per_machine: int) -> Callable[[str], str | None]:
     def parse(text: str) -> str | None:
         ids = parse_gpu_ids(text, _ANSWER)
@@ -93,10 +103,36 @@ def ask_config(ask: Callable[[str], str], gpu_count: int) -> dict[str, Any]:
     if not use_cpu:
         gpu_ids = _ask(ask, "Which GPU ids (comma-separated, or all)", "all",
                        _gpu_ids(-(-processes // machines)))
+    fsdp = _ask_fsdp(ask) if processes > 1 else None
     precision = _ask(ask, "Mixed precision (no/fp16/bf16)", "no", _one_of(("no", "fp16", "bf16")))
     return config_to_yaml_dict(num_machines=machines, machine_rank=rank, main_process_ip=ip,
                                main_process_port=port, use_cpu=use_cpu, num_processes=processes,
-                               gpu_ids=gpu_ids, mixed_precision=precision)
+                               gpu_ids=gpu_ids, mixed_precision=precision, fsdp=fsdp)
+
+
+def _ask_fsdp(ask: Callable[[str], str]) -> dict[str, Any] | None:
+    """The ``fsdp_config`` block (Accelerate's FSDP2 keys), or None for DDP."""
+    if not _ask(ask, "Shard the model with FSDP2 instead of replicating it with DDP (yes/no)",
+                "no", _yes_no):
+        return None
+    policies = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+    block: dict[str, Any] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": _ask(
+        ask, "Auto wrap policy (TRANSFORMER_BASED_WRAP/SIZE_BASED_WRAP/NO_WRAP)", policies[0],
+        _upper_choice(policies))}
+    if block["fsdp_auto_wrap_policy"] == policies[0]:
+        names = _ask(ask, "Layer classes to shard as units, comma-separated (empty: the "
+                     "model's _no_split_modules)", None, str.strip)
+        if names:
+            block["fsdp_transformer_layer_cls_to_wrap"] = names
+    elif block["fsdp_auto_wrap_policy"] == policies[1]:
+        block["fsdp_min_num_params"] = _ask(ask, "Minimum parameters of a unit", 100_000_000,
+                                            _int_in(1))
+    block["fsdp_reshard_after_forward"] = _ask(
+        ask, "Free gathered parameters after forward (yes: ZeRO-3, no: ZeRO-2)", "yes", _yes_no)
+    block["fsdp_state_dict_type"] = _ask(
+        ask, "Checkpoints (SHARDED_STATE_DICT/FULL_STATE_DICT)", "SHARDED_STATE_DICT",
+        _upper_choice(("SHARDED_STATE_DICT", "FULL_STATE_DICT")))
+    return block
 
 
 def default_values(gpu_count: int, mixed_precision: str = "no") -> dict[str, Any]:

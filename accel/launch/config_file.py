@@ -25,6 +25,7 @@ from typing import Any
 from .._optional import require
 from ..env import config_file_variable, config_home
 from .errors import CLIError
+from .sharding import FSDP_SETTINGS, PARALLELISM_SETTINGS
 
 __all__ = [
     "ConfigFile",
@@ -53,6 +54,11 @@ _NESTED: dict[str, tuple[str, tuple[str, ...]]] = {
                                   "dynamo_use_dynamic", "dynamo_use_regional_compilation")),
     "mpirun_config": ("mpirun_", ("mpirun_hostfile",)),
 }
+#: The blocks of ``distributed_type: FSDP`` (used only with it): their keys are launch settings.
+_FSDP_BLOCKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "fsdp_config": ("fsdp_", FSDP_SETTINGS),
+    "parallelism_config": ("parallelism_config_", PARALLELISM_SETTINGS),
+}
 
 #: Accelerate boiler-plate: accepted silently while it has one of these (neutral) values.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -69,6 +75,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "command_file": (None,),
     "deepspeed_config": ({}, None),
     "fsdp_config": ({}, None),
+    "parallelism_config": ({}, None),
     "megatron_lm_config": ({}, None),
     "ipex_config": ({}, None),
 }
@@ -76,18 +83,18 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 # TPU: what Accelerate before 0.28 wrote for XLA.
 _DISTRIBUTED_TYPES: dict[str, str | None] = {
     "NO": None, "MULTI_CPU": "cpu", "MULTI_GPU": "cuda", "XLA": "xla", "MULTI_XLA": "xla",
-    "TPU": "xla", "FSDP": "cuda", "DEEPSPEED": "cuda", "MEGATRON_LM": "cuda",
+    "TPU": "xla", "DEEPSPEED": "cuda", "MEGATRON_LM": "cuda",
+    "FSDP": None,  # FSDP2 on the detected device (CUDA if visible, else CPU; use_cpu: CPU)
 }
 _DDP_INSTEAD = ("to train with DDP instead (every process holds the whole model), pass --multi_gpu "
                 "(or --cpu), or set distributed_type: MULTI_GPU")
 #: Types a config file may name (it loads) but that `accel launch` refuses, and why.
 _REFUSED_TYPES: dict[str, str] = {
-    "FSDP": "accel does not shard models yet (FSDP support lands with issue 14)",
     "DEEPSPEED": "accel has no DeepSpeed integration",
     "MEGATRON_LM": "accel has no Megatron-LM integration",
 }
 #: The block each refused type brings; it is explained by the refusal, not listed as ignored.
-_REFUSED_BLOCKS = {"FSDP": "fsdp_config", "DEEPSPEED": "deepspeed_config",
+_REFUSED_BLOCKS = {"DEEPSPEED": "deepspeed_config",
                    "MEGATRON_LM": "megatron_lm_config"}
 
 
@@ -180,7 +187,7 @@ def _device_of(raw: Mapping[str, Any], path: str) -> tuple[str | None, bool]:
         if key not in _DISTRIBUTED_TYPES:
             raise CLIError(
                 f"config file {path}: distributed_type {dist_type!r} is not supported by accel; "
-                f"expected one of {', '.join(_DISTRIBUTED_TYPES)} (DDP on CPU/GPU, or XLA)"
+                f"expected one of {', '.join(_DISTRIBUTED_TYPES)} (DDP on CPU/GPU, FSDP, or XLA)"
             )
         device = _DISTRIBUTED_TYPES[key]
         single = key == "NO"
@@ -202,7 +209,9 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
             if value is not None:
                 values[key] = value
         elif key in _NESTED and isinstance(value, Mapping):
-            ignored += _nested(key, value, values)
+            ignored += _nested(_NESTED[key], key, value, values)
+        elif key in _FSDP_BLOCKS and dist_type == "FSDP" and isinstance(value, Mapping):
+            ignored += _nested(_FSDP_BLOCKS[key], key, value, values)
         elif key not in ("distributed_type", "use_cpu") and not _neutral(key, value) and \
                 _REFUSED_BLOCKS.get(dist_type) != key:
             ignored.append(str(key))
@@ -211,6 +220,8 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
         unsupported = (f"config file {path}: distributed_type {dist_type}: "
                        f"{_REFUSED_TYPES[dist_type]}; {_DDP_INSTEAD}")
     device, single = _device_of(raw, path)
+    if dist_type == "FSDP":
+        values["use_fsdp"] = True
     if device is not None:
         values["device"] = device
     if single and "num_processes" not in values:
@@ -224,10 +235,11 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
     return ConfigFile(path, values, sorted(ignored), dict(raw), unsupported)
 
 
-def _nested(block: str, items: Mapping[str, Any], values: dict[str, Any]) -> list[str]:
+def _nested(spec: tuple[str, tuple[str, ...]], block: str, items: Mapping[str, Any],
+            values: dict[str, Any]) -> list[str]:
     """Copy a block's known keys (``dynamo_config: {backend: ...}`` is ``dynamo_backend``) into
     ``values``; returns the keys it does not know, as ``block.key``."""
-    prefix, known = _NESTED[block]
+    prefix, known = spec
     unknown = []
     for key, value in items.items():
         name = str(key) if str(key).startswith(prefix) else prefix + str(key)
@@ -251,9 +263,10 @@ def read_config(path: str | os.PathLike[str]) -> ConfigFile:
 def config_to_yaml_dict(
     *, num_machines: int, machine_rank: int, main_process_ip: str | None,
     main_process_port: int | None, use_cpu: bool, num_processes: int, gpu_ids: str | None,
-    mixed_precision: str,
+    mixed_precision: str, fsdp: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The mapping ``accel config`` writes (Accelerate's key names, so both tools read it)."""
+    """The mapping ``accel config`` writes (Accelerate's key names, so both tools read it);
+    ``fsdp``: an ``fsdp_config`` block, for ``distributed_type: FSDP``."""
     out: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": ("MULTI_CPU" if use_cpu else "MULTI_GPU") if num_processes > 1
@@ -268,6 +281,8 @@ def config_to_yaml_dict(
     if num_machines > 1:
         out["main_process_ip"] = main_process_ip
         out["main_process_port"] = main_process_port
+    if fsdp is not None:
+        out["distributed_type"], out["fsdp_config"] = "FSDP", dict(fsdp)
     return out
 
 

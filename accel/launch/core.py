@@ -88,6 +88,8 @@ class WorkerSpec:
         fresh_rdzv_store: one c10d store per restart (see ``accel.env.worker_environment``).
         dynamo: ``EnvSettings`` ``dynamo_*`` fields to export as ``ACCEL_DYNAMO_*`` (only those
             the user chose).
+        use_fsdp, fsdp: ``ACCEL_USE_FSDP`` and the ``EnvSettings`` ``fsdp_*`` /
+            ``parallelism_config_*`` fields the user chose (``ACCEL_FSDP_*``, ...).
     """
 
     device: str
@@ -100,6 +102,8 @@ class WorkerSpec:
     layout: tuple[int, int] | None = None
     fresh_rdzv_store: bool = False
     dynamo: Mapping[str, Any] = field(default_factory=dict)
+    use_fsdp: bool = False
+    fsdp: Mapping[str, Any] = field(default_factory=dict)
 
     def environment(self) -> dict[str, str]:
         """The variables to export to the workers."""
@@ -107,7 +111,8 @@ class WorkerSpec:
             device=self.device, mixed_precision=self.mixed_precision,
             gradient_accumulation_steps=self.gradient_accumulation_steps, debug=self.debug,
             config_file=os.path.abspath(self.config_file) if self.config_file else None,
-            launched=True, num_threads=self.num_threads, **self.dynamo)
+            launched=True, num_threads=self.num_threads, **self.dynamo,
+            use_fsdp=self.use_fsdp, **self.fsdp)
         return worker_environment(settings, cuda_visible_devices=self.cuda_visible_devices,
                                   layout=self.layout, fresh_rdzv_store=self.fresh_rdzv_store)
 

@@ -29,13 +29,6 @@ REFUSED: tuple[tuple[str, dict[str, bool]], ...] = (
       "deepspeed_multinode_launcher": True, "deepspeed_moe_layer_cls_names": True}),
     ("is DeepSpeed's gradient clipping; call accelerator.clip_grad_norm_(...) in the loop "
      "instead", {"gradient_clipping": True}),
-    (f"accel does not shard models yet (FSDP support lands with issue 14); {_DDP}",
-     {"use_fsdp": False, **{f"fsdp_{name}": True for name in (
-         "version", "offload_params", "min_num_params", "sharding_strategy",
-         "reshard_after_forward", "auto_wrap_policy", "transformer_layer_cls_to_wrap",
-         "backward_prefetch", "state_dict_type", "forward_prefetch", "use_orig_params",
-         "cpu_ram_efficient_loading", "sync_module_states", "activation_checkpointing",
-         "activation_checkpointing_offload")}}),
     (f"accel has no Megatron-LM integration; {_DDP}",
      {"use_megatron_lm": False, **{f"megatron_lm_{name}": True for name in (
          "tp_degree", "use_custom_fsdp", "no_load_optim", "eod_mask_loss",
@@ -47,11 +40,11 @@ REFUSED: tuple[tuple[str, dict[str, bool]], ...] = (
          "expert_model_parallel_size", "context_parallel_size", "attention_dropout",
          "hidden_dropout", "attention_softmax_in_fp32", "expert_tensor_parallel_size",
          "calculate_per_token_loss", "use_rotary_position_embeddings")}}),
-    (f"accel has no tensor/context/sequence parallelism (ParallelismConfig); {_DDP}",
-     {"use_parallelism_config": False, **{f"parallelism_config_{name}": True for name in (
-         "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend",
-         "cp_comm_strategy", "sp_size", "sp_backend", "sp_seq_length",
-         "sp_seq_length_is_variable", "sp_attn_implementation")}}),
+    ("accel has no context or sequence parallelism; drop it (the device mesh of FSDP is "
+     "--parallelism_config_dp_replicate_size and --parallelism_config_dp_shard_size)",
+     {f"parallelism_config_{name}": True for name in (
+         "cp_backend", "cp_comm_strategy", "sp_backend", "sp_seq_length",
+         "sp_seq_length_is_variable", "sp_attn_implementation")}),
     ("accel has no FP8 training; use --mixed_precision bf16 (or fp16)",
      {"fp8_use_autocast_during_eval": False, **{f"fp8_{name}": True for name in (
          "backend", "margin", "interval", "format", "amax_history_len", "amax_compute_algo",

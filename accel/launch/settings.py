@@ -33,6 +33,7 @@ from .core import (
     exposed_port_warning,
 )
 from .errors import CLIError
+from .sharding import Lookup, resolve_fsdp
 
 __all__ = ["LOOPBACK", "LaunchSettings", "resolve_settings", "settings_table"]
 
@@ -80,6 +81,10 @@ class LaunchSettings:
     mpirun_hostfile: str | None = None
     #: ``dynamo_*`` settings the user chose (flag, env, config), exported as ``ACCEL_DYNAMO_*``.
     dynamo: dict[str, Any] = field(default_factory=dict)
+    #: shard models with FSDP2 (``--use_fsdp``): ``ACCEL_USE_FSDP`` and the ``fsdp_*`` /
+    #: ``parallelism_config_*`` settings the user chose, exported as ``ACCEL_<NAME>``
+    use_fsdp: bool = False
+    fsdp: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -329,9 +334,10 @@ def _endpoint(src: _Sources, text: str | None, ip: str | None,
     return host, number
 
 
-def _extras(src: _Sources, flags: Mapping[str, Any], device: str,
-            warnings: list[str]) -> dict[str, Any]:
-    """The settings that only travel to torchrun or the workers (affinity, dynamo, ...)."""
+def _extras(src: _Sources, flags: Mapping[str, Any], device: str, warnings: list[str],
+            layout: tuple[int, int]) -> dict[str, Any]:
+    """The settings that only travel to torchrun or the workers (affinity, dynamo, FSDP, ...);
+    ``layout``: (total processes, machines)."""
     if flags.get("no_python") and flags.get("module"):
         raise CLIError("--module and --no_python cannot be used together (as in Accelerate): "
                        "-m runs a Python module, --no_python runs an executable")
@@ -352,7 +358,16 @@ def _extras(src: _Sources, flags: Mapping[str, Any], device: str,
                        f"but the device is {device} ({src.sources['device']}); add --cpu, or "
                        "drop --mpirun_hostfile to start GPU processes with torchrun's agent")
     return {"no_python": bool(flags.get("no_python")), "role": src.get("role", _stripped, None),
-            "enable_cpu_affinity": affinity, "mpirun_hostfile": hostfile, "dynamo": dynamo}
+            "enable_cpu_affinity": affinity, "mpirun_hostfile": hostfile, "dynamo": dynamo,
+            **_sharding(src, device, *layout, warnings)}
+
+
+def _sharding(src: _Sources, device: str, total: int, machines: int,
+              warnings: list[str]) -> dict[str, Any]:
+    """``use_fsdp`` and the ``fsdp`` settings (see ``accel.launch.sharding``)."""
+    return resolve_fsdp(Lookup(src.get, src.sources), device=device, total=total,
+                        machines=machines, warnings=warnings,
+                        device_flag=src.device_flag if src.flags.get("device") else None)
 
 
 def resolve_settings(
@@ -393,7 +408,7 @@ def resolve_settings(
     _check_multi_gpu(src, total)
     threads = _threads(src, cpu_count, total // machines)
     backend = src.get("rdzv_backend", _stripped, default_backend(machines))
-    extras = _extras(src, flags, device, warnings)
+    extras = _extras(src, flags, device, warnings, (total, machines))
     if extras["mpirun_hostfile"] is None:
         ip, port = _rendezvous(src, machines, backend, ip, port, free_port, warnings)
     return LaunchSettings(
@@ -445,7 +460,8 @@ def settings_table(settings: LaunchSettings, config_note: str | None = None) -> 
             value = "all" if settings.device == "cuda" else "-"
         rows.append((name, str(value), settings.sources.get(name, "default")))
     rows += [(name, str(value), settings.sources.get(name, "default"))
-             for name, value in settings.dynamo.items()]
+             for name, value in {**settings.dynamo, **({"use_fsdp": True, **settings.fsdp}
+                                                      if settings.use_fsdp else {})}.items()]
     config = config_note or "none"
     rows.append(("config file", settings.config_file or "-", config))
     width = max(len(row[0]) for row in rows)

@@ -95,7 +95,8 @@ def worker_spec(settings: LaunchSettings) -> WorkerSpec:
         if s.explicit("gradient_accumulation_steps") else None,
         debug=s.debug, config_file=s.config_file, cuda_visible_devices=s.cuda_visible_devices,
         layout=(s.num_processes, s.num_machines),
-        fresh_rdzv_store=s.max_restarts > 0 and s.rdzv_backend == "c10d", dynamo=s.dynamo)
+        fresh_rdzv_store=s.max_restarts > 0 and s.rdzv_backend == "c10d", dynamo=s.dynamo,
+        use_fsdp=s.use_fsdp, fsdp=s.fsdp)
 
 
 def worker_env(settings: LaunchSettings) -> dict[str, str]:

@@ -29,6 +29,7 @@ from torch import nn
 from ..config import DistributedDataParallelKwargs, DistributedType
 from ..distributed import ProcessContext
 from ..dynamo import compiled_inner, rewrap_compiled
+from .rank0_load import refuse_meta_model
 
 __all__ = ["Strategy", "no_join", "strip_compile", "strip_parallel", "unwrap_module"]
 
@@ -115,7 +116,10 @@ class Strategy(ABC):
     # -- models --------------------------------------------------------------------------------
     def place_model(self, model: nn.Module) -> nn.Module:
         """Move ``model`` to the device when placement is on (inference: never wrapped)."""
-        return model.to(self.ctx.device) if self.place else model
+        if not self.place:
+            return model
+        refuse_meta_model(model, self.name)  # torch's own error would not say what to do
+        return model.to(self.ctx.device)
 
     @abstractmethod
     def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
@@ -123,6 +127,7 @@ class Strategy(ABC):
 
     def _convert_and_place(self, model: nn.Module, sync_batchnorm: bool) -> nn.Module:
         """SyncBatchNorm (several processes only), then placement: what every wrap starts with."""
+        refuse_meta_model(model, self.name)  # a model without weights cannot be trained
         if sync_batchnorm and self.ctx.is_distributed:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return self.place_model(model)

@@ -27,6 +27,7 @@ from ..distributed import ProcessContext
 from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .base import Strategy, strip_compile
 from .fsdp_units import ignored_parameters, select_units
+from .rank0_load import capture_full_state, distribute_from_rank0, refuse_meta_model, to_meta
 
 __all__ = ["FSDPStrategy", "MeshHolder", "fsdp_modules"]
 
@@ -149,29 +150,25 @@ class FSDPStrategy(Strategy):
         for _, unit in units:
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
-        if full_state is not None or _is_meta(model):
+        if full_state is not None:
             self._load_from_rank0(model, full_state)
         _average_ignored_gradients(model, ignored, self.ctx.world_size)
         return model
 
     def _check_initialisation(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         """Rank 0's full state to send to the others with ``cpu_ram_efficient_loading`` (an
-        empty dict on other ranks), else None; meta weights without it are refused."""
-        meta = _is_meta(model)
+        empty dict on other ranks), else None; meta weights without it are refused.
+
+        With rank-0 loading every rank's model then goes to the meta device: ``fully_shard``
+        never places a full copy on the device, and each rank materialises its shards only.
+        A meta model on rank 0 is refused by :func:`distribute_from_rank0` on every rank at
+        once (raising here on rank 0 alone would leave the others waiting for it)."""
         if not self.plugin.cpu_ram_efficient_loading:
-            if meta:
-                raise ValueError("the model has parameters on the meta device (built under "
-                                 "init_empty_weights()), which only rank-0 loading can fill: "
-                                 "pass FullyShardedDataParallelPlugin(cpu_ram_efficient_loading="
-                                 "True) with real weights on rank 0")
+            refuse_meta_model(model, self.name)
             return None
-        if self.ctx.is_main_process:
-            if meta:
-                raise ValueError("cpu_ram_efficient_loading: rank 0 must hold the real weights "
-                                 "(build the model normally there, and under "
-                                 "init_empty_weights() on the other ranks)")
-            return {k: v.detach() for k, v in model.state_dict().items()}
-        return {}
+        state = capture_full_state(model) if self.ctx.is_main_process else {}
+        to_meta(model)
+        return state
 
     def _broadcast_from_rank0(self, model: nn.Module) -> None:
         """Start every rank from rank 0's parameters and buffers, as DDP does."""
@@ -184,17 +181,11 @@ class FSDPStrategy(Strategy):
             if data is not tensor.data:
                 tensor.data.copy_(data)
 
-    def _load_from_rank0(self, model: nn.Module, full_state: dict[str, torch.Tensor] | None
-                         ) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
-
-        if _is_meta(model):
-            model.to_empty(device=self.ctx.device)
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(model, dict(full_state or {}), options=options)
+    def _load_from_rank0(self, model: nn.Module, full_state: dict[str, torch.Tensor]) -> None:
+        """Rank 0 sends each rank its own shards (no rank but 0 holds a full parameter)."""
+        device = torch.device("cpu") if self.plugin.cpu_offload else self.ctx.device
+        distribute_from_rank0(model, full_state if self.ctx.is_main_process else None,
+                              self.ctx, device)
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Refuse an optimizer that already holds state: it was made for the unsharded

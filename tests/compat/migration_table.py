@@ -23,7 +23,9 @@ from accel.connector import UNSUPPORTED_ARGUMENTS
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN, END = "<!-- accelerate-names -->", "<!-- /accelerate-names -->"
 
-_FSDP = "FSDP / tensor / context parallelism: not yet (FSDP2 on torch's `fully_shard` is planned)"
+_FSDP = ("Accelerate's FSDP internals (accel's FSDP2 runs through `prepare()` with `fsdp_plugin=`; "
+         "`accel merge-weights` consolidates sharded checkpoints), or tensor / context "
+         "parallelism (not supported)")
 _BIG = "big-model inference (device maps, offload): not yet (planned)"
 _DS = "DeepSpeed is not supported (use DDP, the default)"
 _MEGATRON = "Megatron-LM is not supported"
@@ -48,8 +50,8 @@ NOT_PROVIDED: list[tuple[str, str]] = [
     (r"(?i)device_map|offload|tied_param|retie|balanced_memory|max_memory|module_sizes|"
      r"max_layer_size|module_tensor|align_module_device|checkpoint_in_model|maximum_sizes|"
      r"find_tied|dtype_byte_size|file_size_to_int|submodules_state_dict|id_tensor_storage|"
-     r"clean_state_dict_for_safetensors|convert_bytes|init_empty_weights|init_on_device|"
-     r"^dispatch_model$|^big_modeling$|^hooks$|^load_state_dict$|get_module_children_bottom_up",
+     r"clean_state_dict_for_safetensors|convert_bytes|"
+     r"^dispatch_model$|^hooks$|^load_state_dict$|get_module_children_bottom_up",
      _BIG),
     (r"(?i)pippy|^inference$", "pipeline-parallel inference is not supported"),
     (r"(?i)profil", _PROFILE),

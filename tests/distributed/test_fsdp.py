@@ -105,6 +105,7 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
     from torch.distributed.fsdp import FSDPModule
 
     facts["mesh"] = tuple(acc.torch_device_mesh.shape)
+    facts["shard_rank"] = acc.data_parallel_shard_rank
     calls = [0]
     model.blocks[0].lin.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     facts["units"] = sum(isinstance(m, FSDPModule) for m in model.modules())
@@ -119,6 +120,13 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
             opt.step()
             opt.zero_grad()
     facts["no_sync_held"] = all(held)
+    refused = []
+    for obj in (model, model.state_dict()):  # shards: refused on every rank, naming the way
+        try:
+            acc.save(obj, "unused.safetensors")
+        except ValueError as exc:
+            refused.append("get_state_dict(model) on every rank" in str(exc))
+    facts["save_refuses_shards"] = refused == [True, True]
     facts["block_forwards_per_batch"] = calls[0] / len(loader)
     full = acc.get_state_dict(model)
     facts["unwrapped_is_model"] = acc.unwrap_model(model) is model
@@ -186,10 +194,11 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
         diff, facts = main[order]
         assert diff <= 1e-5, (order, diff)
         assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
-                         "dtensor": "DTensor", "mesh": (2,), "units": 4, "no_sync_held": True,
-                         "block_forwards_per_batch": 1.0,
+                         "dtensor": "DTensor", "mesh": (2,), "shard_rank": 0, "units": 4, "no_sync_held": True,
+                         "block_forwards_per_batch": 1.0, "save_refuses_shards": True,
                          "unwrapped_is_model": True}, (order, facts)
         assert other[order][0] == 0  # the full state dict is gathered on rank 0 only
+        assert other[order][1]["shard_rank"] == 1
     assert main["accumulate"][0] <= 1e-5 and main["accumulate"][1], main["accumulate"]
     assert main["clip"][0] <= 1e-5 and main["clip"][1] <= 1e-5, main["clip"]
     # bf16 parameters and reductions for 4 AdamW steps at lr 1e-2: bf16 rounding (8 bits of
@@ -224,6 +233,8 @@ def test_hsdp_on_a_two_by_two_mesh_matches_one_process() -> None:
     results = run_workers(_hsdp_worker, 4, timeout=300)
     assert results[0]["diff"] <= 1e-5, results[0]
     assert all(r["diff"] == 0 for r in results[1:]), results
+    # rows replicate, columns shard: ranks 0, 2 hold the first half of each parameter
+    assert [r["facts"]["shard_rank"] for r in results] == [0, 1, 0, 1]
     facts = results[0]["facts"]
     assert facts["mesh"] == (2, 2) and facts["units"] == 4 and facts["opt_sees_shards"], facts
 

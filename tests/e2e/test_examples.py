@@ -6,6 +6,7 @@ is one that runs here. They run in a temporary copy of ``examples/`` (outputs la
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -33,10 +34,12 @@ GRADIENT_ACCUMULATION = ("accel launch --cpu -n 2 examples/gradient_accumulation
 MIXED_PRECISION = "accel launch --cpu -n 2 examples/mixed_precision.py"
 INFERENCE = "accel launch --cpu -n 2 examples/inference.py --weights digits_cnn.safetensors"
 TRANSFORMERS = "accel launch --cpu -n 2 examples/transformers_tiny.py"
+FSDP_LM = ("accel launch --cpu -n 2 --use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP "
+           "--fsdp_transformer_layer_cls_to_wrap Block examples/fsdp_lm.py")
 
 #: every command this file runs verbatim (test_readme.py checks README's against these)
 COMMANDS = (DIGITS, DIGITS_PLAIN_TORCHRUN, CHECKPOINT_STOP, CHECKPOINT_RESUME,
-            GRADIENT_ACCUMULATION, MIXED_PRECISION, INFERENCE, TRANSFORMERS)
+            GRADIENT_ACCUMULATION, MIXED_PRECISION, INFERENCE, TRANSFORMERS, FSDP_LM)
 
 pytestmark = pytest.mark.slow
 
@@ -250,3 +253,29 @@ def test_transformers_tiny_gathers_dicts_and_saves_a_loadable_model(workdir: Pat
     model = transformers.BertForSequenceClassification.from_pretrained(workdir / "tiny_bert")
     state = model.state_dict()
     assert saved and all(torch.equal(state[name], tensor) for name, tensor in saved.items())
+
+
+def test_fsdp_lm_trains_sharded_saves_shards_and_resumes(workdir: Path) -> None:
+    out, _err = run(FSDP_LM + " --steps 30", workdir)
+    assert lines(out, "FSDP: ") == ["FSDP: 2 processes, mesh (2,)"], out
+    losses = [float(line.split()[-1]) for line in lines(out, "step ")]
+    assert len(losses) == 3 and losses[-1] < 4.0, out  # ln(256) = 5.5 for a uniform guess
+    found = lines(out, "saved checkpoint ")
+    assert len(found) == 1, out
+    checkpoint = workdir / found[0].split()[-1]
+    names = {p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file()}
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert names - {"manifest.json"} == set(manifest["files"]), names  # every file checked
+    assert not any(n.endswith((".metadata", ".pt", ".bin", ".pkl")) for n in names), names
+    assert any(n.endswith(".safetensors") and "model" in n for n in names), names
+    # the consolidated weights load into the plain model, without accel or a process group
+    from safetensors.torch import load_file
+
+    model = _example_module("fsdp_lm").CharLM()
+    state = load_file(str(workdir / "fsdp_lm_model" / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"head.weight"}, (missing, unexpected)  # tied
+
+    out, _err = run(FSDP_LM + " --steps 40", workdir)
+    assert lines(out, "resumed from ") == [f"resumed from {found[0].split()[-1]} at step 30"], out
+    assert [line.split()[1] for line in lines(out, "step ")] == ["40:"], out

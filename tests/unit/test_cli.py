@@ -276,7 +276,7 @@ def test_config_default_and_interactive(capsys: pytest.CaptureFixture[str], tmp_
                                         "num_processes": 1}
     code, err = run_main(capsys, "config", "default", "--config_file", str(path))
     assert code == 2 and "--force" in err
-    answers = "2\n1\n10.1.2.3\n\nyes\nthree\n4\nbf16\n"  # one invalid answer is asked again
+    answers = "2\n1\n10.1.2.3\n\nyes\nthree\n4\n\nbf16\n"  # one invalid answer is asked again
     monkeypatch.setattr(sys, "stdin", io.StringIO(answers))
     assert cli.main(["config", "--config_file", str(path)]) == 0
     assert "please try again" in capsys.readouterr().out

@@ -336,8 +336,7 @@ def test_accelerate_configs_of_each_type_load(tmp_path: Path, dist_type: str, de
     assert (s.device, s.num_processes) == (device, processes)
 
 
-@pytest.mark.parametrize("dist_type,block", [("FSDP", "fsdp_config"),
-                                             ("DEEPSPEED", "deepspeed_config"),
+@pytest.mark.parametrize("dist_type,block", [("DEEPSPEED", "deepspeed_config"),
                                              ("MEGATRON_LM", "megatron_lm_config")])
 def test_sharded_types_load_but_launch_refuses(tmp_path: Path, dist_type: str,
                                                block: str) -> None:
@@ -351,8 +350,6 @@ def test_sharded_types_load_but_launch_refuses(tmp_path: Path, dist_type: str,
                        "instead .*pass --multi_gpu \\(or --cpu\\), or set distributed_type: "
                        "MULTI_GPU"):
         settings(["t.py"], config=config, gpus=2)
-    if dist_type == "FSDP":
-        assert config.unsupported and "issue 14" in config.unsupported
     # A device flag overrides the file's type, as in Accelerate.
     assert settings(["--multi_gpu", "t.py"], config=config, gpus=2).num_processes == 2
     assert settings(["--cpu", "t.py"], config=config).device == "cpu"

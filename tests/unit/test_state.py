@@ -198,3 +198,12 @@ def test_state_classes_are_exported_lazily() -> None:
     module = importlib.import_module("accel.state")
     for name in ("PartialState", "AcceleratorState", "GradientState"):
         assert getattr(accel, name) is getattr(module, name) and name in accel.__all__
+
+
+def test_standalone_state_reports_the_fsdp_plugin_accel_launch_asked_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_USE_FSDP", "1")
+    monkeypatch.setenv("ACCEL_FSDP_RESHARD_AFTER_FORWARD", "false")
+    state = AcceleratorState(cpu=True)
+    assert state.is_fsdp2 and state.fsdp_plugin is not None
+    assert state.fsdp_plugin.reshard_after_forward is False
