@@ -180,8 +180,24 @@ class CheckpointingMixin:
 
     def save_model(self, model: nn.Module, save_directory: str,
                    max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
-        """Sharded safetensors with a Hugging Face style index (main process only)."""
-        if self._rt.context.is_main_process:
+        """Sharded safetensors with a Hugging Face style index, written by the main process.
+
+        ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` files of at most
+        ``max_shard_size`` plus ``model.safetensors.index.json``. A sharded (FSDP) model is
+        gathered one tensor at a time and each file written as soon as it is full, so no
+        process ever holds the whole model: call it on every process then (a collective).
+        """
+        strategy, main = self._rt.strategy, self._rt.context.is_main_process
+        if not safe_serialization and main:
+            warnings.warn("save_model(safe_serialization=False) is ignored: accel writes "
+                          "safetensors only (pickle files can run code when loaded)",
+                          stacklevel=2)
+        if strategy.distributed_state:
+            from .checkpoint.sharded.consolidate import save_model_streamed  # imports DCP
+
+            save_model_streamed(strategy.state_module(model), save_directory, max_shard_size,
+                                write=main)
+        elif main:
             _ckpt_files.save_model(self.get_state_dict(model), save_directory, max_shard_size)
 
     def load_model(self, model: nn.Module, load_directory: str, strict: bool = True) -> Any:

@@ -14,7 +14,7 @@ quick=0
 for arg in "$@"; do [[ "$arg" == --quick ]] && quick=1; done
 
 scripts=(bench_step.py bench_gather.py bench_fsdp.py bench_import.py bench_launch.py
-         bench_checkpoint.py)
+         bench_checkpoint.py bench_sharded_checkpoint.py)
 if "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     scripts+=(bench_gpu.py)
 else
@@ -27,6 +27,9 @@ for script in "${scripts[@]}"; do
     if [[ "$script" == bench_checkpoint.py ]]; then  # its own options
         args=()
         if (( quick )); then args=(--mb 10 --repeats 2); fi
+    elif [[ "$script" == bench_sharded_checkpoint.py ]]; then
+        args=()
+        if (( quick )); then args=(--layers 2 --repeats 2); fi
     fi
     echo "== $script ${args[*]:-}"
     # the Accelerator's start-up line ("accel: CPU, 2 process(es), ...") is not a figure

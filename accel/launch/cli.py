@@ -1,4 +1,5 @@
-"""The ``accel`` command line: ``launch``, ``config``, ``env``, ``test``, ``convert-checkpoint``.
+"""The ``accel`` command line: ``launch``, ``config``, ``env``, ``test``, ``convert-checkpoint``,
+``merge-weights``.
 
 Importing this module (and ``accel --help`` / ``accel launch --help``) never imports torch; torch
 is imported only after the arguments are parsed, by the command that needs it.
@@ -172,7 +173,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("env", help="what accel detects here (paste it into bug reports)")
     sub.add_parser("test", help="2-process CPU self-check of collectives and a DDP step")
     _add_convert_parser(sub)
+    _add_merge_parser(sub)
     return parser
+
+
+def _add_merge_parser(sub: Any) -> None:
+    merge = sub.add_parser(
+        "merge-weights", allow_abbrev=False,
+        help="consolidate a sharded (FSDP) checkpoint's model into safetensors",
+        description="Write the model(s) of a checkpoint saved by an FSDP run with "
+        "SHARDED_STATE_DICT as consolidated safetensors with Hugging Face names "
+        "(model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json"
+        "; several models go to OUTPUT_DIR/model_<i>). One process, no process group; every "
+        "shard is verified against the checkpoint's manifest. Exit status: 0 merged, 1 damaged "
+        "checkpoint or failed write, 2 usage error.")
+    merge.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
+                       help="a complete accel checkpoint (checkpoint_<n>)")
+    merge.add_argument("output", metavar="OUTPUT_DIR", help="where the safetensors files go")
+    merge.add_argument("--max_shard_size", "--max-shard-size", default="10GB",
+                       help="largest file, e.g. 5GB or 500MB (default 10GB)")
+    merge.add_argument("--no_progress", "--no-progress", action="store_true",
+                       help="no progress bar")
 
 
 def _add_convert_parser(sub: Any) -> None:
@@ -301,6 +322,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         return run_command(args.source, args.output, strict=args.strict,
                            overwrite=args.overwrite, as_json=args.as_json)
+    if args.command == "merge-weights":
+        # lazy, as above (LAUNCH_LAZY_USES): the merge needs torch and the checkpoint storage
+        from ..checkpoint.sharded.command import run_merge
+
+        return run_merge(args.checkpoint, args.output, args.max_shard_size,
+                         progress=not args.no_progress)
     parser.print_help()
     return 0
 

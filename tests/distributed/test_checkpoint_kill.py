@@ -18,9 +18,18 @@ from typing import Any
 
 import torch
 
-from accel.checkpoint import (CheckpointWriter, FileRecord, checkpoint_number, latest_complete,
-                              load_component, next_checkpoint_name, read_manifest, read_state,
-                              rotate, verify)
+from accel.checkpoint import (
+    CheckpointWriter,
+    FileRecord,
+    checkpoint_number,
+    latest_complete,
+    load_component,
+    next_checkpoint_name,
+    read_manifest,
+    read_state,
+    rotate,
+    verify,
+)
 from tests.spawn import run_workers
 
 _NUMEL = 2_500_000  # 10 MB per tensor file: one save takes ~0.1 s on a 2-core machine
@@ -156,3 +165,105 @@ def test_two_ranks_write_one_checkpoint(tmp_path: Path) -> None:
                                    "rng/rank_1.safetensors"]
         assert result["world"] == 2 and result["rank_ok"] and result["verified"] == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_0"]
+
+
+_SHARDED_DIM = 512  # 2 x 512 x 512 floats, 2 MB per model state; a 2-rank save takes ~50 ms
+
+
+def _sharded_save_loop(rank: int, env: dict[str, str], root: str, ready: Any, saved: Any
+                       ) -> None:
+    """Rank of a 2-process FSDP job: save sharded checkpoints forever, each holding its step
+    in every parameter (``step``) and momentum buffer (``-step``), rotating to two."""
+    os.environ.update(env)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from accel.checkpoint import save_run
+    from tests.distributed import _fsdp_ckpt_helpers as h
+    from tests.distributed.test_fsdp_checkpoint import _start
+
+    comm, _group = _start()
+    model = torch.nn.Sequential(*(torch.nn.Linear(_SHARDED_DIM, _SHARDED_DIM) for _ in range(2)))
+    fully_shard(model, mesh=init_device_mesh("cpu", (comm.ctx.world_size,)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    latest = latest_complete(Path(root) / "checkpoints")
+    step = read_manifest(latest).step if latest else 0
+    comm.barrier()
+    if rank == 0:
+        ready.set()
+    while True:
+        step += 1
+        with torch.no_grad():
+            for param in model.parameters():
+                param.fill_(float(step))
+                opt.state[param]["momentum_buffer"] = torch.full_like(param, -float(step))
+        save_run(comm, h.snapshot(model, opt, h.ShardIO(True), step), None, None, root, 2)
+        if rank == 0:
+            with saved.get_lock():
+                saved.value += 1
+
+
+def _load_latest_sharded(root: Path) -> int:
+    """What load_state() would pick: it loads (no process group) and holds its own step."""
+    import warnings
+
+    from accel.checkpoint import load_run
+    from accel.distributed import Communicator, ProcessContext
+    from tests.distributed import _fsdp_ckpt_helpers as h
+
+    visible = [p for p in (root / "checkpoints").iterdir() if not p.name.startswith(".")]
+    latest = latest_complete(root / "checkpoints")
+    if latest is None:
+        assert visible == [], visible
+        return 0
+    for path in visible:
+        verify(path)
+    model = torch.nn.Sequential(*(torch.nn.Linear(_SHARDED_DIM, _SHARDED_DIM) for _ in range(2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "written by 2 process(es)": expected here
+        loaded = load_run(comm, h.snapshot(model, opt, h.PlainIO()), None, root)
+    assert loaded is not None and loaded.path == latest
+    step = read_manifest(latest).step
+    for param in model.parameters():
+        assert bool((param == step).all())
+        assert bool((opt.state[param]["momentum_buffer"] == -step).all())
+    return step
+
+
+def test_sigkill_during_sharded_saves_never_leaves_a_bad_latest(tmp_path: Path) -> None:
+    """Both ranks of a sharded (DCP) save loop are killed at random moments; load_state()'s
+    pick is always complete and loads, and leftovers are cleaned by the next rotation."""
+    from tests.spawn import free_port, torchrun_env
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "accel"])
+    rng = random.Random(20261123)
+    saved = ctx.Value("i", 0)
+    killed_mid_save, previous = 0, 0
+    for trial in range(10):
+        ready, port = ctx.Event(), free_port()
+        procs = [ctx.Process(target=_sharded_save_loop, daemon=True,
+                             args=(rank, torchrun_env(rank, 2, port), str(tmp_path), ready,
+                                   saved))
+                 for rank in range(2)]
+        for proc in procs:
+            proc.start()
+        assert ready.wait(90), "the sharded save loop did not start"
+        if trial == 0:  # one save completes before the first kill, however slow the machine
+            deadline = time.monotonic() + 60
+            while saved.value == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert saved.value > 0, "the first sharded save did not complete within 60 s"
+        time.sleep(rng.uniform(0.0, 0.4))
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.join(10)
+        killed_mid_save += any(p.name.startswith(".tmp-")
+                               for p in (tmp_path / "checkpoints").iterdir())
+        step = _load_latest_sharded(tmp_path)
+        assert step >= previous, f"latest went back from step {previous} to {step}"
+        previous = step
+    assert previous > 0 and killed_mid_save > 0, (previous, killed_mid_save)

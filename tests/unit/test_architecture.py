@@ -6,7 +6,7 @@ Layer map (a module imports only from its own layer or below; no import cycles):
     L1    env/  device/  logging                               launcher detection, ACCEL_* settings
     L2    distributed/                                         process group, collectives
     L3    precision/  strategy/  data/  rng  accumulation  progress  tracking*  memory  dynamo
-    L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,protocol}
+    L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,sharded,protocol}
     L5    accelerator (+ checkpointing, its checkpoint methods)  utils  state
     L6    horovod/  ps/  big_modeling/                         other front doors onto L2-L4
     side  launch/                                              env and config only; torch lazily
@@ -24,7 +24,7 @@ Rules checked here:
   checkpoint converter knows no collectives, protocol or launcher; env never imports torch;
 - ``accel/launch/`` imports only L0/L1 modules and itself (at any level), and never torch at
   module level, so ``accel --help`` stays fast; the one exception is ``LAUNCH_LAZY_USES``
-  (``accel convert-checkpoint`` lazily imports its converter, L4);
+  (``accel convert-checkpoint`` and ``accel merge-weights`` lazily import their cores, L4);
 - only ``accel/env/_base.py`` touches the process environment (everything else asks accel/env);
 - no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
   outside ``device/`` and ``strategy/``;
@@ -87,6 +87,8 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/wrappers.py", "L4"),
     ("accel/training.py", "L4"),
     ("accel/preparation.py", "L4"),
+    # DCP state of FSDP runs (torch.distributed.checkpoint), under the protocol, over storage
+    ("accel/checkpoint/sharded/*", "L4"),
     ("accel/checkpoint/*", "L4"),
     # Accelerate's accelerate.utils names and module paths, over L0-L4
     ("accel/utils/__init__.py", "L5"),
@@ -118,11 +120,12 @@ SIDE_USERS: dict[str, tuple[str, ...]] = {
 LAUNCH_MAY_USE = {"L0", "L1", "side"}
 #: The only library modules above L1 that launch/ may use, each for the launch module named,
 #: and only lazily (inside the function that runs the command, after the arguments are parsed):
-#: ``accel convert-checkpoint`` is a command over the checkpoint storage (L4), which needs
-#: torch. The converter imports nothing from launch/ (no cycle), and being lazy the edge keeps
-#: ``accel --help`` and every other command off torch.
+#: ``accel convert-checkpoint`` and ``accel merge-weights`` are commands over the checkpoint
+#: storage (L4), which needs torch. The converter and the merge import nothing from launch/ (no
+#: cycle), and being lazy the edges keep ``accel --help`` and every other command off torch.
 LAUNCH_LAZY_USES: dict[str, tuple[str, ...]] = {
-    "accel/launch/cli.py": ("accel.checkpoint.convert.command",),
+    "accel/launch/cli.py": ("accel.checkpoint.convert.command",
+                            "accel.checkpoint.sharded.command"),
 }
 #: Seams stricter than the layers: (importer pattern, forbidden target prefixes, why).
 FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
@@ -133,6 +136,12 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
      ("accel.preparation", "accel.precision", "accel.strategy", "accel.wrappers",
       "accel.accumulation", "accel.training", "accel.connector", "accel.accelerator"),
      "the checkpoint protocol depends only on a run-state snapshot and the communicator"),
+    ("accel/checkpoint/sharded/*",
+     ("accel.distributed", "accel.checkpoint.protocol", "accel.launch", "accel.preparation",
+      "accel.precision", "accel.strategy", "accel.wrappers", "accel.connector"),
+     "sharded state goes through torch's DCP over the checkpoint storage; it knows no accel "
+     "collectives, no run protocol and no strategy, so merge-weights runs without a process "
+     "group"),
     ("accel/env*", ("torch",), "env must stay importable without torch (accel --help)"),
     ("accel/checkpoint/convert/*",
      ("accel.distributed", "torch.distributed", "accel.checkpoint.protocol", "accel.launch"),

@@ -162,7 +162,8 @@ def test_storage_knows_no_collectives_and_protocol_no_facade() -> None:
     assert not {i for i in storage if i.startswith(("torch.distributed", "accel"))
                 and not i.startswith(("accel.checkpoint.storage", "accel._version"))}
     protocol = {i for p in (PACKAGE / "protocol").glob("*.py") for i in _accel_imports(p)}
-    allowed = ("accel.checkpoint.storage", "accel.checkpoint.protocol", "accel.rng",
+    allowed = ("accel.checkpoint.storage", "accel.checkpoint.protocol",
+               "accel.checkpoint.sharded", "accel.rng",
                "accel.distributed", "accel.device", "accel._tree", "accel._version",
                "accel.config")
     assert {i for i in protocol if i.startswith("accel") and not i.startswith(allowed)} == set()

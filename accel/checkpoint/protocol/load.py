@@ -30,6 +30,7 @@ from ..storage import (
     read_manifest,
     read_state,
 )
+from . import sharded
 from .snapshot import (
     LoadedRun,
     ModelStateIO,
@@ -118,13 +119,23 @@ class _Loader:
     def into(self, target: Stateful, stem: str) -> None:
         target.load_state_dict(self.state(stem))
 
+    def optimizer(self, index: int, target: Stateful, snap: RunSnapshot) -> None:
+        """Through torch's FQN-keyed APIs when the checkpoint or the run is sharded."""
+        state = self.state(f"optimizer_{index}")
+        if not sharded.load_optimizer(self.manifest, index, target, state, snap):
+            target.load_state_dict(state)
+
     def model(self, index: int, model: nn.Module, io: ModelStateIO) -> None:
-        rel = f"model_{index}.safetensors"
-        result = io.load_model_state_dict(model, load_tensors(self.path, rel, self.manifest),
-                                          self.strict)
-        if result.missing_keys or result.unexpected_keys:
-            self.warn(f"{rel}: missing keys {result.missing_keys}, unexpected keys "
-                      f"{result.unexpected_keys}", depth=_RUN_DEPTH + 1)  # + self.model
+        keys = sharded.load_model(self.manifest, index, model, io, self.strict)
+        rel = f"{sharded.model_prefix(index)}/" if keys is not None else \
+            f"model_{index}.safetensors"
+        if keys is None:  # a whole model file
+            result = io.load_model_state_dict(model, load_tensors(self.path, rel, self.manifest),
+                                              self.strict)
+            keys = (list(result.missing_keys), list(result.unexpected_keys))
+        if keys[0] or keys[1]:
+            self.warn(f"{rel}: missing keys {keys[0]}, unexpected keys {keys[1]}",
+                      depth=_RUN_DEPTH + 1)  # + self.model
 
 
 def _identity(manifest: Manifest) -> str:
@@ -141,13 +152,16 @@ def _load_shared(ld: _Loader, snap: RunSnapshot) -> None:
         hook(models, str(ld.path))
     ld.run("manifest.json", functools.partial(_check_counts, ld.manifest, snap, len(models)))
     for i, model in enumerate(models):
-        ld.run(f"model_{i}.safetensors", functools.partial(ld.model, i, model, snap.model_io))
+        what = f"{sharded.model_prefix(i)}/" if sharded.holds_shards(ld.manifest, i) else \
+            f"model_{i}.safetensors"
+        ld.run(what, functools.partial(ld.model, i, model, snap.model_io))
+    for i, opt in enumerate(snap.optimizers):
+        ld.run(f"optimizer_{i}", functools.partial(ld.optimizer, i, opt, snap))
     has_scaler = bool(snap.scaler.state_dict())
-    stems = [*(f"optimizer_{i}" for i in range(len(snap.optimizers))),
-             *(f"scheduler_{i}" for i in range(len(snap.schedulers))),
+    stems = [*(f"scheduler_{i}" for i in range(len(snap.schedulers))),
              *(["scaler"] if has_scaler else []),
              *(f"custom_{i}" for i in range(len(snap.custom)))]
-    targets = [*snap.optimizers, *snap.schedulers, *([snap.scaler] if has_scaler else []),
+    targets = [*snap.schedulers, *([snap.scaler] if has_scaler else []),
                *snap.custom]
     for stem, target in zip(stems, targets, strict=True):
         ld.run(stem, functools.partial(ld.into, target, stem))

@@ -4,6 +4,9 @@ Layout of a checkpoint directory (all pickle-free, see :mod:`accel.checkpoint.st
 
     model_0.safetensors             rank 0: each model's full state dict
     optimizer_0.json/.safetensors   rank 0: optimizer state (codec)
+    sharded/model_0/shard-*.safetensors      FSDP with SHARDED_STATE_DICT instead: every rank
+    sharded/optimizer_0/shard-*.safetensors  its shards, through DCP (see .sharded); rank 0
+                                             still writes optimizer_0.json (hyper-parameters)
     scheduler_0.json, scaler.json, custom_0.json/.safetensors
     rank_1/rng.json/.safetensors    every rank: python, numpy, torch and device RNG states
     rank_1/loaders.json             every rank: each prepared loader's position
@@ -29,7 +32,7 @@ from __future__ import annotations
 import re
 import shutil
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from ... import _tree, rng
 from ..._version import __version__
 from ...distributed import Communicator
 from ...distributed.attendance import Attendance, Roll
+from ..sharded.layout import ShardedFiles
 from ..storage import (
     CheckpointError,
     CheckpointWriter,
@@ -48,11 +52,13 @@ from ..storage import (
     rotate,
     temp_dir_for,
 )
+from .sharded import FQN_LAYOUT, distributed_state, queue_distributed
 from .snapshot import RunSnapshot, component_counts
 
 __all__ = ["save_run"]
 
-_MODEL_FILE = re.compile(r"model_\d+\.safetensors")
+#: A model accel wrote: whole (``model_0.safetensors``) or through DCP (``sharded/model_0/…``).
+_MODEL_FILE = re.compile(r"(?:model_(\d+)\.safetensors$|sharded/model_(\d+)/)")
 
 
 def _on_cpu(state: Any) -> Any:
@@ -78,15 +84,21 @@ def _model_weights(snap: RunSnapshot, rank: int, tmp: Path) -> list[dict[str, An
     return weights if rank == 0 else []
 
 
-def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) -> None:
-    """Queue this rank's files; states are encoded now, files written by the writer's threads."""
-    weights = _model_weights(snap, rank, writer.tmpdir)
-    if rank == 0:
-        for i, state in enumerate(weights):
+def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) -> ShardedFiles:
+    """Queue this rank's files; states are encoded now, files written by the writer's threads.
+    Returns the DCP files this rank wrote itself (a run whose state lives in DTensors)."""
+    sharded = ShardedFiles()
+    if distributed_state(snap.model_io):  # every rank takes part in models and optimizers
+        sharded = queue_distributed(writer, snap, rank)
+    elif rank == 0:
+        for i, state in enumerate(_model_weights(snap, rank, writer.tmpdir)):
             writer.write_tensors(f"model_{i}.safetensors",
                                  {k: v.detach().cpu() for k, v in state.items()})
         for i, opt in enumerate(snap.optimizers):
             writer.write_state(f"optimizer_{i}", _on_cpu(opt.state_dict()))
+    else:
+        _model_weights(snap, rank, writer.tmpdir)  # the hooks run on every rank
+    if rank == 0:
         for i, sched in enumerate(snap.schedulers):
             writer.write_state(f"scheduler_{i}", _on_cpu(sched.state_dict()))
         scaler = snap.scaler.state_dict()
@@ -96,17 +108,23 @@ def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) ->
             writer.write_state(f"custom_{i}", _on_cpu(obj.state_dict()))
     writer.write_state(f"rank_{rank}/rng", rng.capture(snap.device))
     writer.write_state(f"rank_{rank}/loaders", [loader.state_dict() for loader in snap.loaders])
+    return sharded
 
 
-def _write_rank_files(target: Path, token: str, snap: RunSnapshot, rank: int
-                      ) -> dict[str, FileRecord]:
+#: What a rank reports after writing its part: its files and the header hashes of its DCP
+#: files, or the error that stopped it.
+RankPart = tuple[dict[str, FileRecord], dict[str, str]]
+
+
+def _write_rank_files(target: Path, token: str, snap: RunSnapshot, rank: int) -> RankPart:
     """This rank's files, written by threads so that one file's hashing and fsync overlap
     another's writing (measured faster than one file after the other, for the same CPU time).
     On failure the temporary directory is left to rank 0 (other ranks may still write there)."""
     writer = CheckpointWriter(target, token)
     try:
-        _queue_rank_files(writer, snap, rank)
-        return writer.wait()  # returns only after every queued file is finished or failed
+        sharded = _queue_rank_files(writer, snap, rank)
+        records = writer.wait()  # returns only after every queued file is finished or failed
+        return {**records, **sharded.records}, sharded.headers
     finally:
         writer.close()
 
@@ -147,12 +165,8 @@ def _finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any]
     ``absent``: ranks that did not write their states (a save by the main process alone)."""
     failed = [r for r in gathered if isinstance(r, Exception)]
     if not failed:
-        merged = {k: v for r in gathered for k, v in r.items()}
-        # models: those accel wrote (save hooks may have saved some themselves)
-        counts = dict(component_counts(snap),
-                      models=sum(1 for rel in merged if _MODEL_FILE.fullmatch(rel)))
-        meta: dict[str, Any] = {"accumulation_step": snap.accumulation_step,
-                                "optimizer_steps": snap.optimizer_steps, "counts": counts}
+        merged = {k: v for files, _headers in gathered for k, v in files.items()}
+        meta = _meta(snap, merged, {k: v for _files, h in gathered for k, v in h.items()})
         if absent:
             meta["absent_rank_states"] = list(absent)
         try:
@@ -171,6 +185,22 @@ def _finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any]
             return CheckpointError(f"checkpoint {target} is complete, but rotating the older "
                                    f"ones (total_limit={limit}) failed: {exc}")
     return None
+
+
+def _meta(snap: RunSnapshot, files: Mapping[str, FileRecord], headers: Mapping[str, str]
+          ) -> dict[str, Any]:
+    """The manifest's ``meta``: run position, component counts, and how models and optimizers
+    are stored when the run's state lives in DTensors."""
+    # models: those accel wrote (save hooks may have saved some themselves)
+    written = {m.group(1) or m.group(2) for rel in files if (m := _MODEL_FILE.match(rel))}
+    counts = dict(component_counts(snap), models=len(written))
+    meta: dict[str, Any] = {"accumulation_step": snap.accumulation_step,
+                            "optimizer_steps": snap.optimizer_steps, "counts": counts}
+    if distributed_state(snap.model_io):
+        meta["optimizer_layout"] = FQN_LAYOUT
+    if headers:
+        meta["sharded"] = {"headers": dict(sorted(headers.items()))}
+    return meta
 
 
 def _warn_about(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,

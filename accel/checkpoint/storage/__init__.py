@@ -25,7 +25,16 @@ from __future__ import annotations
 from ._io import FileRecord, new_token
 from .codec import decode, encode
 from .errors import CheckpointError
-from .files import load, load_model, load_model_state, parse_size, save, save_model
+from .files import (
+    ModelFilesWriter,
+    load,
+    load_model,
+    load_model_state,
+    parse_size,
+    plan_shards,
+    save,
+    save_model,
+)
 from .format import (
     FORMAT_VERSION,
     MANIFEST,
@@ -59,10 +68,10 @@ from .reader import (
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST", "CheckpointError", "CheckpointReader", "CheckpointWriter",
-    "FileRecord", "Manifest", "checkpoint_number", "checkpoints_root", "complete_checkpoints",
-    "decode", "encode", "finalize", "is_complete", "latest_complete", "load", "load_component",
-    "load_json", "load_model", "load_model_state", "load_tensors", "new_token",
-    "next_checkpoint_name", "parse_size", "read_manifest", "read_state", "remove_checkpoint",
-    "rotate", "save", "save_model", "temp_dir_for", "verify", "write_json", "write_state",
-    "write_tensors",
+    "FileRecord", "Manifest", "ModelFilesWriter", "checkpoint_number", "checkpoints_root",
+    "complete_checkpoints", "decode", "encode", "finalize", "is_complete", "latest_complete",
+    "load", "load_component", "load_json", "load_model", "load_model_state", "load_tensors",
+    "new_token", "next_checkpoint_name", "parse_size", "plan_shards", "read_manifest",
+    "read_state", "remove_checkpoint", "rotate", "save", "save_model", "temp_dir_for", "verify",
+    "write_json", "write_state", "write_tensors",
 ]

@@ -19,7 +19,8 @@ import torch
 from ._io import Buffer
 from .errors import CheckpointError
 
-__all__ = ["ALIASES_KEY", "describe_foreign", "parse", "plan", "write"]
+__all__ = ["ALIASES_KEY", "DTYPE_NAMES", "describe_foreign", "header_size", "parse",
+           "parse_header", "plan", "write"]
 
 ALIASES_KEY = "accel.aliases"
 _MAX_HEADER = 100 << 20
@@ -33,6 +34,8 @@ _DTYPES: dict[torch.dtype, str] = {
     torch.float8_e4m3fnuz: "F8_E4M3FNUZ", torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
 }
 _NAMES: dict[str, torch.dtype] = {name: dtype for dtype, name in _DTYPES.items()}
+#: safetensors dtype names -> torch dtypes
+DTYPE_NAMES: Mapping[str, torch.dtype] = _NAMES
 
 
 class _Sink(Protocol):
@@ -103,8 +106,13 @@ def _header(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str]
 
 
 def write(sink: _Sink, tensors: Mapping[str, Any],
-          metadata: Mapping[str, str] | None = None) -> None:
-    """Serialise ``tensors`` (with tied-weight aliases) as safetensors into ``sink``."""
+          metadata: Mapping[str, str] | None = None) -> bytes:
+    """Serialise ``tensors`` (with tied-weight aliases) as safetensors into ``sink``.
+
+    Returns:
+        The header bytes written first (length prefix included), for callers that record a
+        hash of the header alone (a sharded reader plans from headers before reading data).
+    """
     stored, aliases = plan(tensors)
     meta = {"format": "pt", **(metadata or {})}
     for key, value in meta.items():
@@ -117,6 +125,7 @@ def write(sink: _Sink, tensors: Mapping[str, Any],
     for name in order:
         if stored[name].numel():
             sink.write(_bytes_of(stored[name]))
+    return header
 
 
 def describe_foreign(buf: bytes | Buffer | memoryview) -> str | None:
@@ -136,7 +145,7 @@ def _invalid(source: str, why: str) -> CheckpointError:
     return CheckpointError(f"{source} is not a valid safetensors file: {why}", path=source)
 
 
-def _read_header(buf: Buffer, source: str) -> tuple[dict[str, Any], int]:
+def _read_header(buf: Buffer | bytes, source: str) -> tuple[dict[str, Any], int]:
     foreign = describe_foreign(buf)
     if foreign:
         raise _invalid(source, foreign)
@@ -152,6 +161,36 @@ def _read_header(buf: Buffer, source: str) -> tuple[dict[str, Any], int]:
     if not isinstance(header, dict):
         raise _invalid(source, f"the header is a {type(header).__name__}, expected an object")
     return header, 8 + size
+
+
+def header_size(prefix: bytes, source: str) -> int:
+    """Bytes of a safetensors header, length prefix included, from the file's first 8 bytes.
+
+    Raises:
+        CheckpointError: naming ``source`` when the prefix is not a safetensors length.
+    """
+    foreign = describe_foreign(prefix)
+    if foreign:
+        raise _invalid(source, foreign)
+    if len(prefix) < 8:
+        raise _invalid(source, f"it has {len(prefix)} bytes, fewer than the 8-byte header length")
+    size = int.from_bytes(prefix[:8], "little")
+    if size > _MAX_HEADER:
+        raise _invalid(source, f"header length {size} is over the {_MAX_HEADER}-byte limit")
+    return 8 + size
+
+
+def parse_header(raw: Buffer | bytes, source: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensor entries and metadata of a safetensors header (``raw``: at least the header).
+
+    Entries map each name to ``{"dtype", "shape", "data_offsets"}``; nothing is validated
+    against data (use :func:`parse` on the whole file for that).
+    """
+    header, _start = _read_header(raw, source)
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise _invalid(source, f"__metadata__ is a {type(metadata).__name__}, expected an object")
+    return header, metadata
 
 
 def _tensor(buf: Buffer, start: int, entry: Any, name: str, source: str) -> torch.Tensor:

@@ -30,8 +30,8 @@ from . import _st
 from ._io import HashingWriter, fsync_dir, new_token, read_hashed
 from .errors import CheckpointError
 
-__all__ = ["INDEX_NAME", "WEIGHTS_NAME", "load", "load_model", "load_model_state",
-           "parse_size", "save", "save_model", "save_torch"]
+__all__ = ["INDEX_NAME", "WEIGHTS_NAME", "ModelFilesWriter", "load", "load_model",
+           "load_model_state", "parse_size", "plan_shards", "save", "save_model", "save_torch"]
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -149,17 +149,72 @@ def parse_size(size: int | str) -> int:
     return value
 
 
-def _shards(tensors: Mapping[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def plan_shards(sizes: Mapping[str, int], max_shard_size: int | str) -> list[list[str]]:
+    """Names grouped into files of at most ``max_shard_size`` bytes, in order (a tensor larger
+    than the limit gets a file of its own), as :func:`save_model` splits a model.
+
+    Example:
+        >>> plan_shards({"a": 6, "b": 6, "c": 2}, 10)
+        [['a'], ['b', 'c']]
+    """
+    limit = parse_size(max_shard_size)
+    shards: list[list[str]] = [[]]
     current = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * tensor.element_size()
+    for name, size in sizes.items():
         if shards[-1] and current + size > limit:
-            shards.append({})
+            shards.append([])
             current = 0
-        shards[-1][name] = tensor
+        shards[-1].append(name)
         current += size
     return shards
+
+
+class ModelFilesWriter:
+    """Write a model's weights file by file, the way ``transformers`` names them.
+
+    ``sizes`` (bytes per stored tensor, in order) decide the files up front (see
+    :func:`plan_shards`); :meth:`write` each file's tensors as they become available (one file
+    held in memory at a time), then :meth:`finish` writes the index (when there are several
+    files) and removes stale files of an earlier save. ``aliases`` (tied weights: alias ->
+    stored name) are restored on load from the file that holds their target.
+    """
+
+    def __init__(self, directory: str | Path, sizes: Mapping[str, int],
+                 max_shard_size: int | str = "10GB", aliases: Mapping[str, str] | None = None,
+                 metadata: Mapping[str, str] | None = None) -> None:
+        self.shards = plan_shards(sizes, max_shard_size)
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        n = len(self.shards)
+        self.names = [WEIGHTS_NAME] if n == 1 else \
+            [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+        self.total = sum(sizes.values())
+        self.aliases = dict(aliases or {})
+        self.metadata = metadata
+        self.weight_map: dict[str, str] = {}
+
+    def write(self, index: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Write file ``index`` (its tensors: the names ``self.shards[index]``), atomically."""
+        if sorted(tensors) != sorted(self.shards[index]):
+            raise ValueError(f"file {index} holds {self.shards[index][:5]}..., got "
+                             f"{sorted(tensors)[:5]}...")
+        local = {a: tensors[t] for a, t in self.aliases.items() if t in tensors}
+        _write_atomic(self.directory / self.names[index], {**tensors, **local}, self.metadata)
+        self.weight_map.update(dict.fromkeys(tensors, self.names[index]))
+
+    def finish(self) -> Path:
+        """The index (several files) and stale-file removal; returns the file to pass around:
+        the single weights file or the index."""
+        stale = [p for p in self.directory.iterdir()
+                 if (_SHARD.fullmatch(p.name) or p.name in (WEIGHTS_NAME, INDEX_NAME))
+                 and p.name not in self.names]
+        if len(self.names) > 1:
+            index = {"metadata": {"total_size": self.total}, "weight_map": self.weight_map}
+            _write_json_atomic(self.directory / INDEX_NAME, index)
+            stale = [p for p in stale if p.name != INDEX_NAME]
+        for path in stale:
+            path.unlink()
+        return self.directory / (INDEX_NAME if len(self.names) > 1 else WEIGHTS_NAME)
 
 
 def save_model(model: Any, save_directory: str | Path, max_shard_size: int | str = "10GB",
@@ -177,30 +232,12 @@ def save_model(model: Any, save_directory: str | Path, max_shard_size: int | str
     if not safe_serialization:
         warnings.warn("save_model(safe_serialization=False) is ignored: accel writes safetensors "
                       "only (pickle files can run code when loaded)", UserWarning, stacklevel=2)
-    limit = parse_size(max_shard_size)
-    directory = Path(save_directory)
-    directory.mkdir(parents=True, exist_ok=True)
     stored, aliases = _st.plan(_state_dict(model))
-    shards = _shards(stored, limit)
-    names = [WEIGHTS_NAME] if len(shards) == 1 else \
-        [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
-    weight_map: dict[str, str] = {}
-    for name, shard in zip(names, shards, strict=True):
-        local = {a: t for a, t in aliases.items() if t in shard}
-        _write_atomic(directory / name, {**shard, **{a: shard[t] for a, t in local.items()}},
-                      metadata)
-        weight_map.update(dict.fromkeys(shard, name))
-    stale = [p for p in directory.iterdir()
-             if (_SHARD.fullmatch(p.name) or p.name in (WEIGHTS_NAME, INDEX_NAME))
-             and p.name not in names]
-    if len(shards) > 1:
-        total = sum(t.numel() * t.element_size() for t in stored.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        _write_json_atomic(directory / INDEX_NAME, index)
-        stale = [p for p in stale if p.name != INDEX_NAME]
-    for path in stale:
-        path.unlink()
-    return directory / (INDEX_NAME if len(shards) > 1 else WEIGHTS_NAME)
+    sizes = {name: t.numel() * t.element_size() for name, t in stored.items()}
+    writer = ModelFilesWriter(save_directory, sizes, max_shard_size, aliases, metadata)
+    for i, names in enumerate(writer.shards):
+        writer.write(i, {name: stored[name] for name in names})
+    return writer.finish()
 
 
 def _write_json_atomic(path: Path, value: Any) -> None:
