@@ -36,6 +36,8 @@ INFERENCE = "accel launch --cpu -n 2 examples/inference.py --weights digits_cnn.
 TRANSFORMERS = "accel launch --cpu -n 2 examples/transformers_tiny.py"
 FSDP_LM = ("accel launch --cpu -n 2 --use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP "
            "--fsdp_transformer_layer_cls_to_wrap Block examples/fsdp_lm.py")
+#: README's merge command: the checkpoint the second run of FSDP_LM writes
+MERGE = "accel merge-weights runs/fsdp_lm/checkpoints/checkpoint_1 merged/"
 
 #: every command this file runs verbatim (test_readme.py checks README's against these)
 COMMANDS = (DIGITS, DIGITS_PLAIN_TORCHRUN, CHECKPOINT_STOP, CHECKPOINT_RESUME,
@@ -279,3 +281,10 @@ def test_fsdp_lm_trains_sharded_saves_shards_and_resumes(workdir: Path) -> None:
     out, _err = run(FSDP_LM + " --steps 40", workdir)
     assert lines(out, "resumed from ") == [f"resumed from {found[0].split()[-1]} at step 30"], out
     assert [line.split()[1] for line in lines(out, "step ")] == ["40:"], out
+    assert lines(out, "saved checkpoint ") == ["saved checkpoint runs/fsdp_lm/checkpoints/"
+                                               "checkpoint_1"], out
+    # merging the step-40 checkpoint gives the weights save_model wrote at step 40
+    run(MERGE, workdir)
+    merged = load_file(str(workdir / "merged" / "model.safetensors"))
+    saved = load_file(str(workdir / "fsdp_lm_model" / "model.safetensors"))
+    assert set(saved) <= set(merged) and all(torch.equal(merged[k], saved[k]) for k in saved)

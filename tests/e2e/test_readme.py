@@ -78,6 +78,12 @@ MPIRUN = "mpirun -np 2 python train.py"
 
 #: run by another test file (checked to exist below)
 ELSEWHERE = {
+    # merges a sharded checkpoint written by 2 FSDP processes (one file, and several + index)
+    "accel merge-weights CHECKPOINT_DIR OUTPUT_DIR": (
+        "tests/distributed/test_fsdp_checkpoint.py",
+        "test_merge_weights_consolidates_without_a_process_group"),
+    "accel merge-weights runs/fsdp_lm/checkpoints/checkpoint_1 merged/": (
+        "tests/e2e/test_examples.py", "test_fsdp_lm_trains_sharded_saves_shards_and_resumes"),
     "accel test": ("tests/e2e/test_launch.py", "test_accel_test_self_check"),
     # converts a real Accelerate checkpoint (needs `accelerate`, in the test extra)
     "accel convert-checkpoint ACCELERATE_DIR OUT_DIR": (
