@@ -19,6 +19,7 @@ listed in the ``accel.aliases`` metadata, which this reader restores.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -26,7 +27,6 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +195,7 @@ def _read_header(root: Path, rel: str, expected: str | None
     return entries, info, len(raw)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Entry:
     """Where one stored tensor's bytes lie in its (verified) file."""
 
@@ -275,6 +275,9 @@ class ShardReader(HuggingFaceStorageReader):
                  headers: Mapping[str, str], *, verify_once: bool = False) -> None:
         super().__init__(str(root / prefix))
         self.verify_once = verify_once
+        #: (this rank, world size) of the load's process group, set by ``states.dcp_load``:
+        #: ranks then share the hashing (the default (0, 1) hashes every needed file here)
+        self.ranks = (0, 1)
         self._checked: dict[str, _Stamp] = {}  # verified file -> its stamp then
         self.root, self.prefix, self.manifest = root, prefix, manifest
         self.header_hashes = dict(headers)
@@ -316,16 +319,29 @@ class ShardReader(HuggingFaceStorageReader):
         return Metadata(state_dict_metadata=tensors, storage_data=storage)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """Verify every file this rank will read, now: DCP exchanges the plans (and any
-        rank's failure) before any rank copies data, so a damaged file stops the load on every
-        rank before a single tensor is changed. Files are hashed in chunks (several at once on
-        threads: hashlib releases the GIL); :meth:`read_data` then reads each needed byte once,
-        straight into the target tensors, refusing a file whose stamp changed since."""
+        """Verify files now: DCP exchanges the plans (and any rank's failure) before any rank
+        copies data, so a damaged file stops the load on every rank before a single tensor is
+        changed. Files are hashed in chunks, several at once on threads (hashlib releases the
+        GIL); with ``ranks`` set, rank r hashes every file i with i % world == r, whoever
+        needs it (so no file is hashed twice), and the stamps of the verified files travel
+        with the plans (:meth:`prepare_global_plan`). :meth:`read_data` then reads each needed
+        byte once, straight into the target tensors, refusing a file whose stamp changed."""
         needed = sorted({self.storage_data[item.storage_index] for item in plan.items})
-        if not self.verify_once:  # each load hashes again (the files may have changed since)
-            self._checked = {}
-        self._verify([rel for rel in needed if rel not in self._checked])
-        return plan
+        rank, world = self.ranks
+        if self.verify_once:  # many loads from one reader (merge-weights): hash each file once
+            self._verify([rel for rel in needed if rel not in self._checked])
+            return plan
+        self._checked = {}  # each load hashes again (the files may have changed since)
+        self._verify(needed if world == 1 else self.files[rank::world])
+        return dataclasses.replace(plan, storage_data=dict(self._checked))
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Hand every rank the stamps of all the files that any rank verified."""
+        stamps: dict[str, _Stamp] = {}
+        for plan in plans:
+            if isinstance(plan.storage_data, dict):
+                stamps.update(plan.storage_data)
+        return [dataclasses.replace(plan, storage_data=stamps) for plan in plans]
 
     def _verify(self, files: list[str]) -> None:
         if len(files) > 1:
@@ -348,6 +364,8 @@ class ShardReader(HuggingFaceStorageReader):
         per_file: dict[str, list[Any]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index], []).append(item)
+        if isinstance(plan.storage_data, dict):
+            self._checked.update(plan.storage_data)
         self._verify([rel for rel in per_file if rel not in self._checked])  # never unverified
         for rel, items in per_file.items():
             path = self.root / rel
