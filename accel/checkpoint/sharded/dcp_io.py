@@ -132,12 +132,13 @@ class ShardWriter(HuggingFaceStorageWriter):
         return future
 
 
-_Stamp = tuple[int, int, int]  # (size, mtime_ns, inode) of a verified file
+_Stamp = tuple[int, int, int, int]  # (size, mtime_ns, ctime_ns, inode) of a verified file
 
 
 def _stamp(fd: int) -> _Stamp:
+    """What changes when a file is written to or replaced (ctime cannot be set back)."""
     stat = os.fstat(fd)
-    return stat.st_size, stat.st_mtime_ns, stat.st_ino
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
 
 
 def _verify_file(root: Path, rel: str, manifest: Manifest) -> _Stamp:
@@ -161,8 +162,8 @@ def _verify_file(root: Path, rel: str, manifest: Manifest) -> _Stamp:
 
 
 def _changed(path: Path) -> CheckpointError:
-    return CheckpointError(f"{path} changed after it was verified (its size, modification "
-                           "time or inode differ); something is writing to the checkpoint: "
+    return CheckpointError(f"{path} changed after it was verified (its size, change "
+                           "times or inode differ); something is writing to the checkpoint: "
                            "stop it and load again", path=path)
 
 
