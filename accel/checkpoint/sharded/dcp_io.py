@@ -6,10 +6,12 @@ per rank, ``shard-0000<r+1>-model-00001-of-00001.safetensors``, shard offsets in
 byte hashed while it is written, fsynced, and recorded (size, sha256, and the sha256 of the
 header alone) for the checkpoint's manifest. :class:`ShardReader` is torch's
 ``HuggingFaceStorageReader`` over the files a manifest lists: the metadata DCP plans from is
-parsed from headers whose hash matches the recorded one, and each data file a rank needs is
-read once into memory, its sha256 compared with the manifest, while the ranks plan (before any
-rank copies a tensor; a damaged file fails the load everywhere with nothing changed). Sharding,
-planning and resharding stay torch's (:func:`torch.distributed.checkpoint.save`/``load``).
+parsed from headers whose hash matches the recorded one; while the ranks plan, the data files
+are hashed in chunks against the manifest, each by one rank (a damaged file fails the load
+everywhere before any rank copies a tensor), and each needed byte is then read once, straight
+into the target tensor, from a file whose (size, mtime, ctime, inode) is still the one verified.
+Sharding, planning and resharding stay torch's (:func:`torch.distributed.checkpoint.save`/
+``load``).
 
 The files are plain safetensors with torch's DCP sharding metadata (torch's own
 ``HuggingFaceStorageReader`` reads them); tied weights are stored once, their other names
