@@ -280,6 +280,153 @@ def test_damaged_shards_are_refused_before_use(saved: dict[str, Any], tmp_path: 
         _same(h.full_params(model), before)
 
 
+def _load_damaged(rank: int, root: str) -> dict[str, Any]:
+    """Any world size: load a checkpoint with a damaged shard; report the error and whether
+    the model kept its values."""
+    from accel.checkpoint import CheckpointError, load_run
+
+    comm, group = _start()
+    model, opt = h.build(comm.ctx.world_size)
+    before = h.full_params(model)
+    error = None
+    try:
+        load_run(comm, h.snapshot(model, opt, h.ShardIO(True)), root, None)
+    except CheckpointError as exc:
+        error = str(exc)
+    after = h.full_params(model)
+    group.close()
+    return {"error": error, "unchanged": all(np.array_equal(before[k], after[k]) for k in before)}
+
+
+def test_hashing_shared_by_the_ranks_still_stops_every_rank(saved: dict[str, Any],
+                                                            tmp_path: Path) -> None:
+    """At 4 processes, ranks 0 and 1 hash the two shards and ranks 2 and 3 read rows of the
+    second one without hashing it: its damage still fails the load on all four ranks, before
+    any parameter changes."""
+    import shutil
+
+    shutil.copytree(saved["root"] / "sharded", tmp_path / "copy")
+    _flip(tmp_path / "copy" / "sharded" / "model_0" / "shard-00002-model-00001-of-00001"
+          ".safetensors", -3)
+    results = run_workers(_load_damaged, 4, args=(str(tmp_path / "copy"),))
+    for result in results:
+        assert result["error"] is not None and "model_0/shard-00002" in result["error"]
+        assert "corrupt" in result["error"] and result["unchanged"]
+
+
+@pytest.mark.parametrize("how", ["rewritten", "rewritten, old mtime", "replaced, old mtime"])
+def test_a_shard_changed_after_verification_is_refused(saved: dict[str, Any], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       how: str) -> None:
+    """A shard changed (same size) between its check and the reads of its bytes is refused:
+    rewritten in place (new mtime, or the old one set back: the ctime still moves) or replaced
+    by another file carrying the old mtime (new inode)."""
+    import shutil
+    import time
+    import warnings
+
+    from accel.checkpoint import CheckpointError, load_run
+    from accel.checkpoint.sharded.dcp_io import ShardReader
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved["root"] / "sharded", copy)
+    shard = copy / "sharded" / "model_0" / "shard-00002-model-00001-of-00001.safetensors"
+    verify, changed = ShardReader.prepare_local_plan, []
+
+    def then_change(self: ShardReader, plan: Any) -> Any:
+        plan = verify(self, plan)
+        if self.prefix.endswith("model_0") and not changed:
+            changed.append(True)
+            stat = shard.stat()
+            data = bytearray(shard.read_bytes())
+            data[-3] ^= 0x01
+            time.sleep(0.05)  # past the file system's timestamp granularity
+            target = shard.with_suffix(".new") if how.startswith("replaced") else shard
+            target.write_bytes(bytes(data))
+            mtime = stat.st_mtime_ns + (0 if "old mtime" in how else 10**9)
+            os.utime(target, ns=(stat.st_atime_ns, mtime))
+            target.replace(shard)
+        return plan
+
+    monkeypatch.setattr(ShardReader, "prepare_local_plan", then_change)
+    model, opt = h.build(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(CheckpointError, match="shard-00002.*changed after it was verified"):
+            load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), copy, None)
+    assert changed
+
+
+class _Targets:
+    """A stand-in LoadPlanner: each read item's target is named by its dest fqn."""
+
+    def __init__(self, targets: dict[str, Any]) -> None:
+        self.targets = targets
+
+    def resolve_tensor(self, item: Any) -> Any:
+        return self.targets[item.dest_index.fqn]
+
+    def commit_tensor(self, item: Any, tensor: Any) -> None:
+        assert tensor.data_ptr() == self.targets[item.dest_index.fqn].data_ptr()
+
+
+def test_partial_and_strided_reads_are_verified_and_exact(saved: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """Parts of a stored chunk (rows, columns) into contiguous, transposed or float64
+    targets, as resharding asks: read exactly (direct or through a temporary), and refused
+    before any target changes when the file is damaged."""
+    import shutil
+
+    import torch
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+
+    from accel.checkpoint import CheckpointError, read_manifest
+    from accel.checkpoint.protocol.sharded import sharded_headers
+    from accel.checkpoint.sharded.dcp_io import ShardReader
+    from accel.checkpoint.storage import _st
+
+    def load(root: Path) -> tuple[dict[str, Any], torch.Tensor]:
+        manifest = read_manifest(root)
+        reader = ShardReader(root, "sharded/model_0", manifest, sharded_headers(manifest))
+        metadata = reader.read_metadata()
+        reader.set_up_storage_reader(metadata, True)
+        rel = "sharded/model_0/shard-00002-model-00001-of-00001.safetensors"
+        index = next(i for i, f in metadata.storage_data.items()
+                     if f == rel and len(i.offset) == 2)
+        stored = _st.parse(bytearray((root / rel).read_bytes()), rel)[0][index.fqn]
+        rows, cols = stored.shape
+        parts = {"rows": ([1, 0], [rows - 1, cols], torch.empty(rows - 1, cols)),
+                 "cols": ([0, 1], [rows, cols - 2], torch.empty(rows, cols - 2)),
+                 "transposed": ([0, 0], [rows, cols], torch.empty(cols, rows).t()),
+                 "float64": ([1, 0], [1, cols], torch.empty(1, cols, dtype=torch.float64))}
+        for _offsets, _lengths, target in parts.values():
+            target.fill_(7.0)
+        items = [ReadItem(LoadItemType.TENSOR, MetadataIndex(name), torch.Size([0, 0]), index,
+                          torch.Size(offsets), torch.Size(lengths))
+                 for name, (offsets, lengths, _target) in parts.items()]
+        targets = _Targets({name: part[2] for name, part in parts.items()})
+        try:
+            plan = reader.prepare_local_plan(LoadPlan(items))
+            reader.read_data(plan, targets).wait()  # type: ignore[arg-type]
+        except CheckpointError as exc:
+            return {"error": str(exc), **targets.targets}, stored
+        return targets.targets, stored
+
+    got, stored = load(saved["root"] / "sharded")
+    assert stored.shape[0] > 2 and stored.shape[1] > 2
+    assert torch.equal(got["rows"], stored[1:])
+    assert torch.equal(got["cols"], stored[:, 1:-1])
+    assert torch.equal(got["transposed"], stored)
+    assert torch.equal(got["float64"], stored[1:2].double())
+    shutil.copytree(saved["root"] / "sharded", tmp_path / "copy")
+    _flip(tmp_path / "copy" / "sharded" / "model_0" / "shard-00002-model-00001-of-00001"
+          ".safetensors", -3)
+    got, _ = load(tmp_path / "copy")
+    assert "corrupt" in got.pop("error")
+    assert all(bool((target == 7.0).all()) for target in got.values())
+
+
 # ---------------------------------------------------------------- end to end, through Accelerator
 
 E2E_TOTAL, E2E_STOP = 10, 4  # 5 steps per epoch at 2 processes: the save is mid-epoch 0

@@ -118,6 +118,8 @@ def save_optimizer_shards(root: Path, index: int, module: nn.Module,
 def dcp_load(state: dict[str, Any], reader: ShardReader, distributed: bool) -> None:
     """DCP load; without ``distributed`` no process group is used (torch warns that it
     assumes a single process: that is the intent here, so the warning is not shown)."""
+    reader.ranks = ((torch.distributed.get_rank(), torch.distributed.get_world_size())
+                    if distributed else (0, 1))
     with warnings.catch_warnings(), dcp_errors(f"loading {reader.prefix}"):
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         _dcp_load(state, storage_reader=reader, no_dist=not distributed)

@@ -7,6 +7,7 @@ between the kernel and the tensor memory, and the sha256 is computed on cache-ho
 from __future__ import annotations
 
 import hashlib
+import io
 import mmap
 import os
 import queue
@@ -18,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 __all__ = ["CHUNK", "Buffer", "FileRecord", "HashingWriter", "alloc_buffer", "fsync_dir",
-           "fsync_file", "hash_file", "new_token", "read_hashed"]
+           "fsync_file", "hash_file", "hash_open", "new_token", "read_hashed"]
 
 CHUNK = 4 << 20  # raw read/write size
 Buffer = bytearray | mmap.mmap
@@ -202,12 +203,18 @@ def read_hashed(path: str | Path, *, hashing: bool = True) -> tuple[Buffer, str]
 
 def hash_file(path: str | Path) -> FileRecord:
     """Size and sha256 of a file on disk, read in chunks (constant memory)."""
+    with open(path, "rb", buffering=0) as fh:
+        return hash_open(fh)
+
+
+def hash_open(fh: io.RawIOBase) -> FileRecord:
+    """Size and sha256 of an open file from its current position on, read in chunks into one
+    reused buffer (constant memory, no page faults on fresh memory)."""
     sha = hashlib.sha256()
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     size = 0
-    with open(path, "rb", buffering=0) as fh:
-        while got := fh.readinto(view):
-            sha.update(view[:got])
-            size += got
+    while got := fh.readinto(view):
+        sha.update(view[:got])
+        size += got
     return FileRecord(size, sha.hexdigest())
