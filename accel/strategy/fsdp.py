@@ -178,10 +178,11 @@ class FSDPStrategy(Strategy):
             return
         device = self.ctx.device if self.place else None
         for tensor in (*model.parameters(), *model.buffers()):
-            data = tensor.data if device is None else tensor.data.to(device)
-            dist.broadcast(data, src=0)
-            if data is not tensor.data:
-                tensor.data.copy_(data)
+            local = tensor.data
+            data = local if device is None or local.device == device else local.to(device)
+            dist.broadcast(data, src=0)  # nccl needs it on the GPU; placement follows anyway
+            if data is not local:
+                local.copy_(data)
 
     def _load_from_rank0(self, model: nn.Module, full_state: dict[str, torch.Tensor]) -> None:
         """Rank 0 sends each rank its own shards (no rank but 0 holds a full parameter)."""

@@ -165,7 +165,23 @@ def _fsdp_worker(rank: int) -> dict[str, Any]:
     full, _, _ = _train("together", mixed_precision="bf16")
     out["bf16"] = _close(full, ref) if rank == 0 else len(full)
     out["variants"] = _variants(rank, ref)
+    out["sync_module_states"] = {sync: _starts_from_rank0(rank, sync) for sync in (True, False)}
     return out
+
+
+def _starts_from_rank0(rank: int, sync: bool) -> bool | None:
+    """Ranks that initialise differently (seeded by rank) all start from rank 0's weights,
+    as under DDP, unless ``sync_module_states=False``: whether rank 0's gathered model equals
+    its own initial one (None on other ranks)."""
+    from accel import Accelerator, FullyShardedDataParallelPlugin
+
+    acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(
+        transformer_cls_names_to_wrap=["Block"], sync_module_states=sync))
+    torch.manual_seed(rank)
+    model = TinyLM()
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    full = acc.get_state_dict(acc.prepare(model))
+    return _close(full, initial) == 0 if rank == 0 else None
 
 
 def _variants(rank: int, ref: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -227,6 +243,8 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
     assert variants["activation_checkpointing"]["forwards"] == 2.0, variants
     assert variants["no_wrap"]["forwards"] == 1.0, variants
     assert variants["cpu_offload_on_cpu"]["warned"], variants
+    # rank 1's shards hold rank 0's initial weights only when module states are synced
+    assert main["sync_module_states"] == {True: True, False: False}, main["sync_module_states"]
 
 
 def _hsdp_worker(rank: int) -> dict[str, Any]:
