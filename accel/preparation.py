@@ -165,8 +165,8 @@ class Preparer:
                           ) -> AcceleratedOptimizer:
         """Wrap ``optimizer``; point it at the prepared models' parameters (new objects on XLA
         and with FSDP), whichever of the two was prepared first."""
-        self.strategy.check_optimizer(optimizer)
         _repoint(optimizer, self.run.replaced if moved is None else moved)
+        self.strategy.check_optimizer(optimizer)
         opt = AcceleratedOptimizer(optimizer, self.precision, self.strategy, self.run)
         self.run.optimizers.append(opt)
         return opt
