@@ -11,6 +11,7 @@ on a 2 × 2 mesh (HSDP) give the same parameters too. One spawn checks many thin
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,8 +76,10 @@ def _reference(accumulate: int = 1, clip: float | None = None
 
 def _train(order: str, accumulate: int = 1, clip: float | None = None,
            mixed_precision: str = "no", parallelism: Any = None, device: str | None = "cpu",
-           **plugin_kwargs: Any) -> tuple[dict[str, torch.Tensor], list[float], dict[str, Any]]:
-    """Train TinyLM with accel FSDP (``device=None``: the default device, a GPU if any)."""
+           save_to: str | None = None, **plugin_kwargs: Any
+           ) -> tuple[dict[str, torch.Tensor], list[float], dict[str, Any]]:
+    """Train TinyLM with accel FSDP (``device=None``: the default device, a GPU if any), and
+    ``save_state(save_to)`` at the end when given."""
     from accel import Accelerator, DistributedType, FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(**(plugin_kwargs or {
@@ -137,6 +140,8 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
     facts["save_refuses_shards"] = refused == [True, True]
     facts["block_forwards_per_batch"] = calls[0] / len(loader)
     facts["root_kept_after_forward"] = all(kept)
+    if save_to is not None:
+        acc.save_state(save_to)
     full = acc.get_state_dict(model)
     facts["unwrapped_is_model"] = acc.unwrap_model(model) is model
     return full, norms, facts
@@ -247,25 +252,48 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
     assert main["sync_module_states"] == {True: True, False: False}, main["sync_module_states"]
 
 
-def _hsdp_worker(rank: int) -> dict[str, Any]:
+def _hsdp_worker(rank: int, root: str) -> dict[str, Any]:
     from accel import ParallelismConfig
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     ref, _ = _reference()
     full, _, facts = _train("together", parallelism=ParallelismConfig(dp_replicate_size=2,
-                                                                        dp_shard_size=2))
+                                                                        dp_shard_size=2),
+                            save_to=f"{root}/hsdp")
     return {"diff": _close(full, ref) if rank == 0 else len(full), "facts": facts}
 
 
-def test_hsdp_on_a_two_by_two_mesh_matches_one_process() -> None:
-    results = run_workers(_hsdp_worker, 4, timeout=300)
+def _load_hsdp_worker(rank: int, root: str) -> dict[str, Any]:
+    """Load the 2 x 2 mesh's sharded checkpoint at 2 processes (a 1-D mesh)."""
+    from accel import Accelerator, FullyShardedDataParallelPlugin
+
+    warnings.simplefilter("ignore")
+    acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(
+        transformer_cls_names_to_wrap=["Block"]))
+    torch.manual_seed(7)  # other weights: the checkpoint must replace them
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    acc.load_state(f"{root}/hsdp")
+    steps = {int(state["step"]) for state in opt.optimizer.state.values()}
+    full = acc.get_state_dict(model)
+    ref, _ = _reference()
+    return {"diff": _close(full, ref) if rank == 0 else len(full), "steps": steps}
+
+
+def test_hsdp_on_a_two_by_two_mesh_matches_one_process(tmp_path: Path) -> None:
+    results = run_workers(_hsdp_worker, 4, args=(str(tmp_path),), timeout=300)
     assert results[0]["diff"] <= 1e-5, results[0]
     assert all(r["diff"] == 0 for r in results[1:]), results
     # rows replicate, columns shard: ranks 0, 2 hold the first half of each parameter
     assert [r["facts"]["shard_rank"] for r in results] == [0, 1, 0, 1]
     facts = results[0]["facts"]
     assert facts["mesh"] == (2, 2) and facts["units"] == 4 and facts["opt_sees_shards"], facts
+    # its sharded checkpoint (replicas split the writing) loads on a 1-D mesh of 2 processes
+    loaded = run_workers(_load_hsdp_worker, 2, args=(str(tmp_path),), timeout=300)
+    assert loaded[0]["diff"] <= 1e-5 and loaded[1]["diff"] == 0, loaded
+    assert all(r["steps"] == {STEPS} for r in loaded), loaded
 
 
 def _single_worker(rank: int) -> dict[str, Any]:
