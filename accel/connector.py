@@ -170,8 +170,8 @@ class Runtime:
     comm: Communicator
     precision: Precision
     strategy: Strategy
-    #: who takes part in save_state (None at world size 1, without a store, or when the
-    #: strategy's state dicts need every rank: then save_state is always collective)
+    #: who takes part in save_state (None at world size 1 or without a store); with a strategy
+    #: whose state is sharded (FSDP), a save_state on the main process alone is refused at once
     attendance: Attendance | None = None
 
     @property
@@ -242,7 +242,7 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
     strategy = select_strategy(ctx, options.device_placement, handlers.ddp, options.fsdp_plugin,
                                options.parallelism_config, options.precision_mode)
     attendance = Attendance(monitor, timeout=group.timeout) \
-        if ctx.is_distributed and monitor.store is not None and strategy.saves_alone else None
+        if ctx.is_distributed and monitor.store is not None else None
     return Runtime(settings, info, process.hardware, ctx, group, monitor, comm, precision,
                    strategy, attendance)
 

@@ -84,10 +84,6 @@ class Strategy(ABC):
 
     #: short name shown in reports
     name: str = ""
-    #: the main process can save a checkpoint alone (``save_state`` under ``if
-    #: accelerator.is_main_process:``): full state dicts need no collective. A sharded
-    #: strategy (FSDP), whose state dicts are gathered from every rank, sets this to False.
-    saves_alone: bool = True
     #: the model's state lives in shards on every rank (DTensors): reading or writing it is a
     #: collective, through ``torch.distributed.checkpoint.state_dict`` for models and optimizers
     distributed_state: bool = False

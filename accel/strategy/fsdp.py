@@ -68,7 +68,6 @@ class FSDPStrategy(Strategy):
     :class:`~accel.fsdp_config.FullyShardedDataParallelPlugin`."""
 
     name = "fsdp"
-    saves_alone = False
     distributed_state = True
 
     def __init__(self, ctx: ProcessContext, place: bool = True,

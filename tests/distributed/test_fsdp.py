@@ -310,3 +310,37 @@ def test_fsdp_on_one_process_with_an_explicit_mesh() -> None:
     assert result["diff"] <= 1e-5, result
     assert result["facts"]["type"] and result["facts"]["dtensor"] == "DTensor"
     assert result["facts"]["mesh"] == (1,)
+
+
+def _main_only_save_worker(rank: int, root: str) -> dict[str, Any]:
+    """save_state() under `if is_main_process:` with FSDP: refused at once on rank 0 (sharded
+    state needs every rank), no rank left waiting; saves on every rank still work after it."""
+    import time
+
+    from accel import Accelerator, FullyShardedDataParallelPlugin
+    from accel.checkpoint import CheckpointError
+
+    warnings.simplefilter("ignore")
+    acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(
+        transformer_cls_names_to_wrap=["Block"]))
+    torch.manual_seed(0)
+    model = TinyLM()
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    out: dict[str, Any] = {}
+    if acc.is_main_process:
+        start = time.monotonic()
+        try:
+            acc.save_state(f"{root}/alone")
+        except CheckpointError as exc:
+            out["refused"] = "call save_state() on every process" in str(exc)
+        out["seconds"] = time.monotonic() - start
+    acc.wait_for_everyone()  # rank 1 went on: rank 0 saw it pass the save
+    out["saved"] = [Path(acc.save_state(f"{root}/all_{i}")).name for i in range(2)]
+    return out
+
+
+def test_main_process_only_save_state_is_refused_with_fsdp(tmp_path: Path) -> None:
+    results = run_workers(_main_only_save_worker, 2, args=(str(tmp_path),), timeout=120)
+    assert results[0]["refused"] and results[0]["seconds"] < 10, results[0]
+    assert all(r["saved"] == ["all_0", "all_1"] for r in results), results
+    assert not (tmp_path / "alone").exists()

@@ -109,8 +109,7 @@ def test_strategy_selection_and_its_refusals() -> None:
     strategy = select_strategy(_ctx(), fsdp_plugin=plugin, precision=PrecisionType.BF16)
     assert isinstance(strategy, FSDPStrategy)
     assert strategy.distributed_type is DistributedType.FSDP
-    assert (strategy.saves_alone, strategy.distributed_state, strategy.sharded_state) == \
-        (False, True, True)
+    assert (strategy.distributed_state, strategy.sharded_state) == (True, True)
     assert strategy.with_placement(False).plugin is plugin
     assert select_strategy(_ctx(), fsdp_plugin=FullyShardedDataParallelPlugin(
         state_dict_type="FULL_STATE_DICT")).sharded_state is False

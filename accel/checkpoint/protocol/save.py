@@ -24,7 +24,9 @@ first finds out through the store, without a collective, whether every rank call
 atomic directory and manifest) and the manifest's ``meta["absent_rank_states"]`` lists the ranks
 whose RNG states and loader positions are not in it; ``load_run`` handles them with one
 warning. A rank that called ``save_state`` after rank 0 had gone on alone takes that outcome.
-Only for strategies whose full state dicts need no collective (single process, DDP, XLA).
+Only for strategies whose full state dicts need no collective (single process, DDP, XLA): for a
+run whose state is sharded over every rank (FSDP) rank 0 raises a CheckpointError saying to call
+``save_state`` on every process, and a rank that calls it late gets that error too.
 """
 
 from __future__ import annotations
@@ -268,6 +270,29 @@ def _follow_main(comm: Communicator, roll: Roll, attendance: Attendance) -> Path
     return Path(target)
 
 
+def _main_alone(snap: RunSnapshot, roll: Roll, attendance: Attendance,
+                output_dir: str | Path | None, root: Path | None, limit: int | None,
+                world_size: int) -> Path:
+    """Rank 0, the others not coming: save alone and tell the ranks that arrive late how it
+    went; refused for state sharded over every rank (FSDP), which rank 0 alone cannot read."""
+    target, error = Path(), "interrupted"
+    try:
+        if distributed_state(snap.model_io):
+            raise CheckpointError(
+                f"save_state() was called on the main process only ({roll.reason}), but this "
+                "run's model and optimizer state is sharded over every process (FSDP): call "
+                "save_state() on every process, not under `if accelerator.is_main_process:` "
+                "(each process writes only its own shards)")
+        target = _save_alone(snap, roll, output_dir, root, limit, world_size)
+        error = ""
+    except BaseException as exc:  # told to the ranks that wait for it, then re-raised
+        error = str(exc) or type(exc).__name__
+        raise
+    finally:
+        attendance.finish(roll, str(target), error or None)
+    return target
+
+
 def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
              total_limit: int | None, project_dir: str | Path | None,
              project_total_limit: int | None, attendance: Attendance | None = None) -> Path:
@@ -299,16 +324,7 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     if not roll.everyone and attendance is not None:
         if not ctx.is_main_process:
             return _follow_main(comm, roll, attendance)
-        target, error = Path(), "interrupted"
-        try:
-            target = _save_alone(snap, roll, output_dir, root, limit, ctx.world_size)
-            error = ""
-        except BaseException as exc:  # told to the ranks that wait for it, then re-raised
-            error = str(exc) or type(exc).__name__
-            raise
-        finally:
-            attendance.finish(roll, str(target), error or None)
-        return target
+        return _main_alone(snap, roll, attendance, output_dir, root, limit, ctx.world_size)
     target, token = _plan_target(comm, output_dir, root)
     tmp = temp_dir_for(target, token)
     try:
