@@ -146,21 +146,17 @@ def _invalid(source: str, why: str) -> CheckpointError:
 
 
 def _read_header(buf: Buffer | bytes, source: str) -> tuple[dict[str, Any], int]:
-    foreign = describe_foreign(buf)
-    if foreign:
-        raise _invalid(source, foreign)
-    if len(buf) < 8:
-        raise _invalid(source, f"it has {len(buf)} bytes, fewer than the 8-byte header length")
-    size = int.from_bytes(buf[:8], "little")
-    if size > _MAX_HEADER or 8 + size > len(buf):
-        raise _invalid(source, f"header length {size} does not fit a file of {len(buf)} bytes")
+    end = header_size(bytes(buf[:8]), source)
+    if end > len(buf):
+        raise _invalid(source, f"header length {end - 8} does not fit a file of {len(buf)} "
+                       "bytes")
     try:
-        header = json.loads(bytes(buf[8:8 + size]).decode("utf-8"))
+        header = json.loads(bytes(buf[8:end]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _invalid(source, f"the header is not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise _invalid(source, f"the header is a {type(header).__name__}, expected an object")
-    return header, 8 + size
+    return header, end
 
 
 def header_size(prefix: bytes, source: str) -> int:
