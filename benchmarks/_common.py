@@ -29,11 +29,31 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["add_common_args", "format_seconds", "format_table", "free_port", "has_accelerate",
-           "interleave", "machine_line", "median", "python", "ratio", "run_workers", "time_command"]
+__all__ = ["Loop", "add_common_args", "format_seconds", "format_table", "free_port",
+           "has_accelerate", "interleave", "machine_line", "median", "python", "ratio",
+           "run_workers", "time_command"]
+
+
+class Loop:
+    """Endless batches from a loader (a new epoch when one ends; ``on_epoch(epoch)`` then, e.g.
+    ``DistributedSampler.set_epoch``)."""
+
+    def __init__(self, loader: Any, on_epoch: Callable[[int], None] | None = None) -> None:
+        self.loader, self.on_epoch, self.epoch = loader, on_epoch, 0
+        self.iterator: Iterator[Any] = iter(loader)
+
+    def batch(self) -> Any:
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            self.epoch += 1
+            if self.on_epoch is not None:
+                self.on_epoch(self.epoch)
+            self.iterator = iter(self.loader)
+            return next(self.iterator)
 
 
 def median(values: Sequence[float]) -> float:

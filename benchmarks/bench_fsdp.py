@@ -28,7 +28,7 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -122,24 +122,6 @@ def _loss(model: Any, tokens: Any, targets: Any) -> Any:
     return F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
 
 
-class _Loop:
-    """Endless batches from a loader (a new epoch when one ends)."""
-
-    def __init__(self, loader: Any, on_epoch: Callable[[int], None] | None = None) -> None:
-        self.loader, self.on_epoch, self.epoch = loader, on_epoch, 0
-        self.iterator: Iterator[Any] = iter(loader)
-
-    def batch(self) -> Any:
-        try:
-            return next(self.iterator)
-        except StopIteration:
-            self.epoch += 1
-            if self.on_epoch is not None:
-                self.on_epoch(self.epoch)
-            self.iterator = iter(self.loader)
-            return next(self.iterator)
-
-
 def _torch_variant(case: Case, mesh: Any, rank: int, world: int) -> Callable[[], None]:
     import torch
     from torch.distributed.fsdp import fully_shard
@@ -153,7 +135,8 @@ def _torch_variant(case: Case, mesh: Any, rank: int, world: int) -> Callable[[],
     dataset = _dataset(case, world)
     sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=world,
                                                           rank=rank, shuffle=True, seed=0)
-    loop = _Loop(DataLoader(dataset, batch_size=case.batch, sampler=sampler), sampler.set_epoch)
+    loop = _common.Loop(DataLoader(dataset, batch_size=case.batch, sampler=sampler),
+                        sampler.set_epoch)
 
     def block() -> None:
         for _ in range(case.steps):
@@ -173,7 +156,7 @@ def _accel_variant(accelerator: Any, case: Case, world: int) -> Callable[[], Non
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(_dataset(case, world), batch_size=case.batch, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    loop = _Loop(loader)
+    loop = _common.Loop(loader)
 
     def step() -> None:
         tokens, targets = loop.batch()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,26 +69,6 @@ def _dataset(case: Case, world: int) -> Any:
     return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
 
 
-class _Loop:
-    """Endless batches from a loader (a new epoch when one ends) and the step callable."""
-
-    def __init__(self, loader: Any, on_epoch: Callable[[int], None] | None = None) -> None:
-        self.loader = loader
-        self.on_epoch = on_epoch
-        self.epoch = 0
-        self.iterator: Iterator[Any] = iter(loader)
-
-    def batch(self) -> Any:
-        try:
-            return next(self.iterator)
-        except StopIteration:
-            self.epoch += 1
-            if self.on_epoch is not None:
-                self.on_epoch(self.epoch)
-            self.iterator = iter(self.loader)
-            return next(self.iterator)
-
-
 def _torch_variant(case: Case, rank: int, world: int) -> Callable[[], None]:
     import torch
     import torch.nn.functional as F
@@ -100,7 +80,8 @@ def _torch_variant(case: Case, rank: int, world: int) -> Callable[[], None]:
     dataset = _dataset(case, world)
     sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=world,
                                                           rank=rank, shuffle=True, seed=0)
-    loop = _Loop(DataLoader(dataset, batch_size=case.batch, sampler=sampler), sampler.set_epoch)
+    loop = _common.Loop(DataLoader(dataset, batch_size=case.batch, sampler=sampler),
+                        sampler.set_epoch)
 
     def block() -> None:
         for _ in range(case.steps):
@@ -123,7 +104,7 @@ def _framework_variant(accelerator: Any, case: Case, world: int) -> Callable[[],
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(_dataset(case, world), batch_size=case.batch, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    loop = _Loop(loader)
+    loop = _common.Loop(loader)
 
     def step() -> None:
         x, y = loop.batch()
