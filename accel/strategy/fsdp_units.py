@@ -85,8 +85,10 @@ def select_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin,
     classes = _transformer_classes(model, plugin) if policy == "transformer_based_wrap" else set()
     units: list[tuple[str, nn.Module]] = []
     taken: set[int] = set()  # parameters already in a unit below
+    skipped = {id(m) for module in ignored for m in module.modules()}
+    users = _parameter_users(model)
     for name, module in _post_order(model):
-        if module in ignored or any(module is m or _within(module, m) for m in ignored):
+        if id(module) in skipped:
             continue
         free = [p for p in module.parameters() if id(p) not in taken]
         if not free:
@@ -98,29 +100,37 @@ def select_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin,
             chosen = numel >= plugin.min_num_params  # type: ignore[operator]
         else:
             chosen = _call_policy(policy, module, numel)  # type: ignore[arg-type]
-        if chosen and not _shares_outside(model, name, module, policy):
+        if chosen and not _shares_outside(users, name, module, policy):
             units.append((name, module))
             taken.update(id(p) for p in free)
     return units
 
 
-def _shares_outside(model: nn.Module, name: str, module: nn.Module, policy: Any) -> bool:
-    """Whether ``module`` holds a parameter that a module outside it uses too (a tied weight):
-    as a unit it would own the parameter and gather it for its own forward only, so the other
-    use would read a shard. Such a module is not made a unit (its parameters stay with the
-    enclosing unit, which gathers them for both uses); a named class is warned about."""
-    inside = {id(m) for m in module.modules()}
-    own = {id(p) for p in module.parameters()}
-    for other_name, other in model.named_modules():
-        if id(other) in inside:
-            continue
-        shared = [n for n, p in other.named_parameters(recurse=False) if id(p) in own]
-        if shared:
+def _parameter_users(model: nn.Module) -> dict[int, list[str]]:
+    """For each parameter (by id), the names of the modules that register it (two for a tied
+    weight)."""
+    users: dict[int, list[str]] = {}
+    for mod_name, module in model.named_modules():
+        for p_name, p in module.named_parameters(recurse=False):
+            users.setdefault(id(p), []).append(f"{mod_name}.{p_name}" if mod_name else p_name)
+    return users
+
+
+def _shares_outside(users: dict[int, list[str]], name: str, module: nn.Module,
+                    policy: Any) -> bool:
+    """Whether ``module`` (named ``name``) holds a parameter that a module outside it uses too
+    (a tied weight): as a unit it would own the parameter and gather it for its own forward
+    only, so the other use would read a shard. Such a module is not made a unit (its
+    parameters stay with the enclosing unit, which gathers them for both uses); a named class
+    is warned about."""
+    prefix = name + "."
+    for p in module.parameters():
+        outside = [u for u in users.get(id(p), []) if not u.startswith(prefix)]
+        if outside:
             if policy == "transformer_based_wrap":
                 warnings.warn(f"FSDP: {name} ({type(module).__name__}) is not sharded as a unit "
-                              f"of its own: it shares a parameter with {other_name or 'the root'}"
-                              f".{shared[0]} (a tied weight), so it stays in the enclosing unit",
-                              stacklevel=6)
+                              f"of its own: it shares a parameter with {outside[0]} (a tied "
+                              "weight), so it stays in the enclosing unit", stacklevel=6)
             return True
     return False
 
