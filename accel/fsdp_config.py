@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._parse import FALSE_WORDS, TRUE_WORDS
+
 if TYPE_CHECKING:
     import torch
 
@@ -57,7 +59,8 @@ _STATE_DICT = {"1": "FULL_STATE_DICT", "2": "LOCAL_STATE_DICT", "3": "SHARDED_ST
                "FULL": "FULL_STATE_DICT", "SHARDED": "SHARDED_STATE_DICT"}
 _DTYPES = {"fp32": "float32", "float32": "float32", "no": "float32", "bf16": "bfloat16",
            "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
-_TRUE, _FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
+# the words every accel setting accepts, and Accelerate's str_to_bool's "y" / "n"
+_TRUE, _FALSE = (*TRUE_WORDS, "y"), (*FALSE_WORDS, "n")
 
 
 def _flag(value: Any, name: str) -> bool:
