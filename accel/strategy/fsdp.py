@@ -29,7 +29,7 @@ from .base import Strategy, strip_compile
 from .fsdp_units import ignored_parameters, select_units
 from .rank0_load import capture_full_state, distribute_from_rank0, refuse_meta_model, to_meta
 
-__all__ = ["FSDPStrategy", "MeshHolder", "fsdp_modules"]
+__all__ = ["FSDPStrategy", "MeshHolder"]
 
 
 @dataclass
@@ -52,11 +52,13 @@ class MeshHolder:
         return self.mesh
 
 
-def fsdp_modules(model: nn.Module) -> list[Any]:
-    """The FSDP2 modules in ``model`` (the root first), through a compile wrapper."""
+def _fsdp_root(model: nn.Module) -> Any:
+    """The FSDP2 root module ``wrap_model`` made of ``model`` (through a compile wrapper), or
+    None for a model that was not sharded; no walk over the modules (called every micro-step)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return [m for m in strip_compile(model).modules() if isinstance(m, FSDPModule)]
+    root = strip_compile(model)
+    return root if isinstance(root, FSDPModule) else None
 
 
 def _is_meta(model: nn.Module) -> bool:
@@ -264,11 +266,10 @@ def _average_ignored_gradients(model: nn.Module, ignored: set[nn.Parameter], wor
 def _gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     """Reduce-scatter gradients in the backward passes of the block, or not (accumulation);
     the setting before the block is restored after it (blocks nest)."""
-    roots = fsdp_modules(model)
-    if not roots:
+    root = _fsdp_root(model)
+    if root is None:
         yield
         return
-    root = roots[0]
     before = bool(getattr(root, _SYNC_ATTR, True))
     root.set_requires_gradient_sync(sync)
     setattr(root, _SYNC_ATTR, sync)
