@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,13 +58,22 @@ def _is_scheduler(obj: Any) -> bool:
         obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
-def _repoint(optimizer: torch.optim.Optimizer,
-             moved: dict[int, tuple[nn.Parameter, nn.Parameter]]) -> None:
+Replaced = dict[int, tuple["weakref.ref[nn.Parameter]", nn.Parameter]]
+
+
+def _replacement(moved: Replaced, param: torch.Tensor) -> torch.Tensor:
+    """The parameter that replaced ``param``, else ``param`` itself."""
+    entry = moved.get(id(param))
+    return entry[1] if entry is not None and entry[0]() is param else param
+
+
+def _repoint(optimizer: torch.optim.Optimizer, moved: Replaced) -> None:
     """Point ``optimizer``'s groups (and any state it holds) at the replacing parameters."""
     for group in optimizer.param_groups:
-        group["params"] = [moved[id(p)][1] if id(p) in moved else p for p in group["params"]]
-    for old, new in moved.values():
-        if old in optimizer.state:
+        group["params"] = [_replacement(moved, p) for p in group["params"]]
+    for old in list(optimizer.state):
+        new = _replacement(moved, old)
+        if new is not old:
             optimizer.state[new] = optimizer.state.pop(old)
 
 
@@ -145,13 +155,16 @@ class Preparer:
             self.run.prepared_ids.add(id(out[i]))
         return out
 
-    def _prepare_one(self, obj: Any, place: bool,
-                     moved: dict[int, tuple[nn.Parameter, nn.Parameter]]) -> Any:
+    def _prepare_one(self, obj: Any, place: bool, moved: Replaced) -> Any:
         if isinstance(obj, nn.Module):
             before = list(obj.parameters())
             wrapped = self.prepare_model(obj, place)
             after = obj.parameters()
-            new = {id(o): (o, n) for o, n in zip(before, after, strict=True) if o is not n}
+            new = {id(o): (weakref.ref(o), n) for o, n in zip(before, after, strict=True)
+                   if o is not n}
+            del before  # the unsharded parameters go once nothing else holds them
+            for key in [k for k, (old, _) in moved.items() if old() is None]:
+                del moved[key]  # gone: their ids may be reused
             moved.update(new)
             for opt in self.run.optimizers:  # prepared before the model: point them at it
                 _repoint(opt.optimizer, new)
@@ -161,8 +174,7 @@ class Preparer:
         return self.prepare_data_loader(obj, place)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
-                          moved: dict[int, tuple[nn.Parameter, nn.Parameter]] | None = None
-                          ) -> AcceleratedOptimizer:
+                          moved: Replaced | None = None) -> AcceleratedOptimizer:
         """Wrap ``optimizer``; point it at the prepared models' parameters (new objects on XLA
         and with FSDP), whichever of the two was prepared first."""
         _repoint(optimizer, self.run.replaced if moved is None else moved)

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,9 +66,11 @@ class RunState:
     #: ``set_trigger`` was called on this rank since the last ``check_trigger``
     trigger: bool = False
     #: parameters a prepared model replaced (XLA placement, FSDP sharding): id of the old one ->
-    #: (old, new), the old kept alive so that its id is not reused; an optimizer prepared before
-    #: or after its model is pointed at the new ones
-    replaced: dict[int, tuple[nn.Parameter, nn.Parameter]] = field(default_factory=dict)
+    #: (a weak reference to it, the new one). An optimizer prepared before or after its model is
+    #: pointed at the new ones; the old ones are not kept alive (FSDP's would be a full copy of
+    #: the model on every rank), and the weak reference tells a reused id from the old object.
+    replaced: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = field(
+        default_factory=dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy goes to another process (a DataLoader worker started with spawn that captured

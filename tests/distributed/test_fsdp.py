@@ -10,7 +10,9 @@ on a 2 × 2 mesh (HSDP) give the same parameters too. One spawn checks many thin
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,7 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     world = acc.num_processes
     loader = DataLoader(_data(), batch_size=BATCH // accumulate // world)
+    unsharded = weakref.ref(model.blocks[0].lin.weight)  # a full parameter before sharding
     if order == "together":
         model, opt, loader = acc.prepare(model, opt, loader)
     elif order == "optimizer_first":
@@ -106,6 +109,8 @@ def _train(order: str, accumulate: int = 1, clip: float | None = None,
         "opt_sees_shards": all(any(p is q for q in model.parameters())
                                for g in opt.param_groups for p in g["params"]),
         "dtensor": type(next(model.parameters())).__name__,
+        # nothing (accel's record of replaced parameters included) keeps a full copy alive
+        "unsharded_freed": gc.collect() >= 0 and unsharded() is None,
     }
     from torch.distributed.fsdp import FSDPModule
 
@@ -224,7 +229,8 @@ def test_fsdp_two_processes_match_one_process_on_the_whole_batch() -> None:
         diff, facts = main[order]
         assert diff <= 1e-5, (order, diff)
         assert facts == {"type": True, "fsdp2": True, "plugin": True, "opt_sees_shards": True,
-                         "dtensor": "DTensor", "mesh": (2,), "shard_rank": 0, "units": 4,
+                         "dtensor": "DTensor", "unsharded_freed": True, "mesh": (2,),
+                         "shard_rank": 0, "units": 4,
                          "no_sync_held": True, "shard_device": "cpu",
                          "block_forwards_per_batch": 1.0, "save_refuses_shards": True,
                          "unwrapped_is_model": True, "root_kept_after_forward": True
