@@ -409,13 +409,14 @@ class ParallelismConfig:
                              "processes: their product must equal the number of processes")
         return rep, shard
 
-    def build_device_mesh(self, device_type: str) -> Any:
+    def build_device_mesh(self, device_type: str, local_world_size: int | None = None) -> Any:
         """The ``DeviceMesh`` for the running process group (Accelerate's method): 1-D
-        ``("dp_shard",)`` without replication, else 2-D ``("dp_replicate", "dp_shard")``."""
+        ``("dp_shard",)`` without replication, else 2-D ``("dp_replicate", "dp_shard")``
+        (``local_world_size``: see :meth:`mesh_shape`)."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        rep, shard = self.mesh_shape(dist.get_world_size())
+        rep, shard = self.mesh_shape(dist.get_world_size(), local_world_size)
         if rep == 1:
             return init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
         return init_device_mesh(device_type, (rep, shard),

@@ -42,13 +42,7 @@ class MeshHolder:
 
     def get(self, ctx: ProcessContext) -> Any:
         if self.mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            rep, shard = self.parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)
-            kind = ctx.device.type
-            self.mesh = init_device_mesh(kind, (shard,), mesh_dim_names=("dp_shard",)) \
-                if rep == 1 else init_device_mesh(kind, (rep, shard),
-                                                  mesh_dim_names=("dp_replicate", "dp_shard"))
+            self.mesh = self.parallelism.build_device_mesh(ctx.device.type, ctx.local_world_size)
         return self.mesh
 
 
