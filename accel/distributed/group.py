@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import warnings
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TypedDict
 
@@ -17,7 +18,7 @@ from .context import ProcessContext
 from .settle import settle
 
 __all__ = ["DEFAULT_TIMEOUT", "ProcessGroupHandle", "build_context", "destroy_process_group",
-           "start_process_group"]
+           "new_subgroup", "start_process_group"]
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -149,6 +150,25 @@ def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
     if group is None:
         settle()  # the group's destructor joins its workers; let them finish first
     dist.destroy_process_group(group)
+
+
+def new_subgroup(ranks: Sequence[int]) -> dist.ProcessGroup | None:
+    """A process group of ``ranks`` (sorted, distinct) inside the running default group.
+
+    Collective: every rank of the job must call it with the same ``ranks``, in the same order
+    as its other group creations (torch's rule for ``new_group``). Returns the group on every
+    rank (torch hands non-members a placeholder that must not be used for collectives).
+    """
+    members = sorted(set(int(r) for r in ranks))
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("a process subgroup needs a running process group; start one first "
+                           "(Accelerator(), PartialState() or hvd.init())")
+    world = dist.get_world_size()
+    if not members or members[0] < 0 or members[-1] >= world:
+        raise ValueError(f"process group ranks {list(ranks)} must be a non-empty list of ranks "
+                         f"in 0..{world - 1}")
+    group: dist.ProcessGroup | None = dist.new_group(members)
+    return group
 
 
 class _GroupOptions(TypedDict, total=False):
