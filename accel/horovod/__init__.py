@@ -26,9 +26,12 @@ from .basics import (
     shutdown,
     size,
 )
+from .compression import Compression, Compressor
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
 __all__ = [
+    "Compression",
+    "Compressor",
     "ProcessSet",
     "add_process_set",
     "cross_rank",
