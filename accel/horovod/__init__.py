@@ -28,8 +28,15 @@ from .basics import (
 )
 from .compression import Compression, Compressor
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .reduce_op import Adasum, Average, Max, Min, Product, Sum
 
 __all__ = [
+    "Adasum",
+    "Average",
+    "Max",
+    "Min",
+    "Product",
+    "Sum",
     "Compression",
     "Compressor",
     "ProcessSet",
