@@ -82,6 +82,9 @@ class EnvSettings:
     fsdp_ignored_modules: str | None = None
     parallelism_config_dp_replicate_size: int | None = None
     parallelism_config_dp_shard_size: int | None = None
+    #: where ``hvd.elastic`` state commits are kept so that restarted workers find them
+    #: (None: ``<temp dir>/accel-elastic``).
+    elastic_dir: str | None = None
 
     def given(self, prefix: str) -> dict[str, Any]:
         """The fields named ``prefix...`` that are set (``"fsdp_"``: the FSDP plugin's).
@@ -241,6 +244,8 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                     f"parallelism_config_{name}", _positive, f"parallelism_config_{name}")
       for name, text in (("dp_replicate_size", "replicated groups (HSDP)"),
                          ("dp_shard_size", "processes that shard the model in each group"))),
+    AccelVariable("ACCEL_ELASTIC_DIR", "directory where hvd.elastic commits are kept for "
+                  "restarted workers (default: <temp dir>/accel-elastic)", "elastic_dir", _text),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the

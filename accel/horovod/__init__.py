@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from . import elastic
 from .basics import (
     cross_rank,
     cross_size,
@@ -27,6 +28,7 @@ from .basics import (
     size,
 )
 from .compression import Compression, Compressor
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduce_op import Adasum, Average, Max, Min, Product, Sum
 
@@ -39,10 +41,13 @@ __all__ = [
     "Sum",
     "Compression",
     "Compressor",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "ProcessSet",
     "add_process_set",
     "cross_rank",
     "cross_size",
+    "elastic",
     "global_process_set",
     "init",
     "is_homogeneous",
