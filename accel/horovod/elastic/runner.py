@@ -100,13 +100,13 @@ def resume(state: State, session: Session) -> int:
             state.on_reset()
         return -1
     root = numbers.index(best)
-    if found is not None and found[0] == best:
-        if session.context.rank == root:
-            state.read_commit(found[1], best)
-            _LOG.warning("hvd.elastic: resuming from commit %d (%s), restart %d of the job",
-                         best, found[1], session.setup.launch.restart_count)
-        else:
-            state.read_local(found[1])
+    if found is not None and session.context.rank == root:
+        state.read_commit(found[1], best)
+        _LOG.warning("hvd.elastic: resuming from commit %d (%s), restart %d of the job",
+                     best, found[1], session.setup.launch.restart_count)
+    own = store.own_newest()
+    if own is not None and own[0] == best:
+        state.read_local(own[1])  # this rank's own part of the same commit (sampler indices)
     state.continue_from(best)  # numbering continues on every rank
     if root == 0:
         state.sync()

@@ -101,6 +101,12 @@ class CommitStore:
                 best = (number, path)
         return best
 
+    def own_newest(self) -> tuple[int, Path] | None:
+        """This rank's own newest complete commit, or None."""
+        path = latest_complete(self.mine)
+        number = checkpoint_number(path) if path is not None else None
+        return None if path is None or number is None else (number, path)
+
     @staticmethod
     def read(path: Path, stems: Iterable[str]) -> dict[str, Any]:
         """The components ``stems`` of the commit at ``path`` (verified, pickle-free)."""
