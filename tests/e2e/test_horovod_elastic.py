@@ -162,3 +162,26 @@ def test_resume_takes_the_newest_commit_from_the_rank_that_holds_it(tmp_path: Pa
     assert r0["committed"] != r1["committed"]
     # commits removed when the decorated functions returned (the node directories stay, empty)
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["node0", "node1"]
+
+
+# ----------------------------------------------------------------------------- the example
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "horovod_elastic.py"
+
+
+@pytest.mark.slow
+def test_the_elastic_example_survives_a_lost_worker(tmp_path: Path) -> None:
+    runs = {}
+    for name, fail in (("plain", "-1"), ("failed", "7")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "accel", "launch", "-q", "--cpu", "-n", "2", "--max_restarts",
+             "1", str(EXAMPLE), "--fail_at_step", fail], cwd=tmp_path, capture_output=True,
+            text=True, timeout=300,
+            env=clean_env(tmp_path, ACCEL_ELASTIC_DIR=str(tmp_path / name)))
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = proc
+    assert "resuming from commit 0" in runs["failed"].stderr  # commits every 4 steps
+    assert "restart" not in runs["plain"].stderr
+    results = [[line for line in run.stdout.splitlines() if line.startswith("Test set:")]
+               for run in runs.values()]
+    assert len(results[0]) == 1 and results[0] == results[1], results  # same model at the end
