@@ -33,16 +33,24 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint.storage import CheckpointWriter, latest_complete, read_state, rotate
+from ...checkpoint.storage import (
+    CheckpointError,
+    CheckpointWriter,
+    latest_complete,
+    read_state,
+    rotate,
+)
 from ...checkpoint.storage.naming import checkpoint_number
 from ...env import EnvSettings, LaunchInfo
 
 __all__ = ["CommitStore", "commit_root"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_STEM = "commit"  # commit.json (+ commit.safetensors) in each commit directory
 
 
 def commit_root(settings: EnvSettings, launch: LaunchInfo) -> Path:
@@ -61,6 +69,15 @@ class CommitStore:
     def __init__(self, root: Path, rank: int) -> None:
         self.root = Path(root)
         self.rank = rank
+        # the previous commit is removed in the background once the new one is complete (a
+        # third of a commit's time is unlinking big files); the next commit waits for it
+        self._cleaner = ThreadPoolExecutor(1, thread_name_prefix="accel-elastic-rotate")
+        self._cleaning: Future[list[Path]] | None = None
+
+    def _cleaned(self) -> None:
+        if self._cleaning is not None:
+            cleaning, self._cleaning = self._cleaning, None
+            cleaning.result()  # raises what the removal raised
 
     @property
     def mine(self) -> Path:
@@ -75,16 +92,17 @@ class CommitStore:
                           "set ACCEL_ELASTIC_DIR to a writable directory (node-local storage "
                           "survives a worker restart; a shared file system also survives a "
                           "lost machine)") from exc
-        writer = CheckpointWriter(self.mine / f"checkpoint_{number}", workers=1)
+        self._cleaned()
+        writer = CheckpointWriter(self.mine / f"checkpoint_{number}")
         try:
-            for stem, state in components.items():
-                writer.write_state(stem, state)
+            # one JSON + one safetensors file for everything: each file costs an fsync
+            writer.write_state(_STEM, dict(components))
             path = writer.finalize(step=number, world_size=world_size,
                                    meta={"hvd_elastic_commit": number, "rank": self.rank})
         except BaseException:
             writer.abort()
             raise
-        rotate(self.mine, total_limit=1)
+        self._cleaning = self._cleaner.submit(rotate, self.mine, 1)
         return path
 
     def newest(self) -> tuple[int, Path] | None:
@@ -110,9 +128,17 @@ class CommitStore:
     @staticmethod
     def read(path: Path, stems: Iterable[str]) -> dict[str, Any]:
         """The components ``stems`` of the commit at ``path`` (verified, pickle-free)."""
-        return {stem: read_state(path, stem) for stem in stems}
+        stored = read_state(path, _STEM)
+        missing = sorted(set(stems) - set(stored))
+        if missing:
+            raise CheckpointError(f"the commit {path} has no {missing} (it has {sorted(stored)}); "
+                                  "was it written by a state with other attributes? Give the "
+                                  "restarted workers the same TorchState(...) arguments",
+                                  path=path)
+        return {stem: stored[stem] for stem in stems}
 
     def remove_mine(self) -> None:
+        self._cleaned()
         if self.mine.exists():
             shutil.rmtree(self.mine)
 
