@@ -56,7 +56,8 @@ def test_commit_writes_one_atomic_pickle_free_checkpoint_and_restore_reads_it_ba
     state.epoch = 1
     state.history.append(2.5)
     state.commit()
-    state.commit()  # the newest commit replaces the previous one
+    state.commit()  # the newest commit replaces the previous one (removed in the background)
+    state.commit_store().settle()
     (ckpt,) = _checkpoints(session)
     assert ckpt.name == "checkpoint_1" and (ckpt / "manifest.json").is_file()
     assert {p.suffix for p in ckpt.iterdir()} == {".json", ".safetensors"}  # no pickle

@@ -74,7 +74,8 @@ class CommitStore:
         self._cleaner = ThreadPoolExecutor(1, thread_name_prefix="accel-elastic-rotate")
         self._cleaning: Future[list[Path]] | None = None
 
-    def _cleaned(self) -> None:
+    def settle(self) -> None:
+        """Wait until the previous commit is removed (raises what the removal raised)."""
         if self._cleaning is not None:
             cleaning, self._cleaning = self._cleaning, None
             cleaning.result()  # raises what the removal raised
@@ -92,7 +93,7 @@ class CommitStore:
                           "set ACCEL_ELASTIC_DIR to a writable directory (node-local storage "
                           "survives a worker restart; a shared file system also survives a "
                           "lost machine)") from exc
-        self._cleaned()
+        self.settle()
         writer = CheckpointWriter(self.mine / f"checkpoint_{number}")
         try:
             # one JSON + one safetensors file for everything: each file costs an fsync
@@ -138,7 +139,7 @@ class CommitStore:
         return {stem: stored[stem] for stem in stems}
 
     def remove_mine(self) -> None:
-        self._cleaned()
+        self.settle()
         if self.mine.exists():
             shutil.rmtree(self.mine)
 
