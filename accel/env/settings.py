@@ -82,6 +82,8 @@ class EnvSettings:
     fsdp_ignored_modules: str | None = None
     parallelism_config_dp_replicate_size: int | None = None
     parallelism_config_dp_shard_size: int | None = None
+    #: SyncBatchNorm mode for prepare(): "global", "node" or "off" (None: unset)
+    sync_batchnorm: str | None = None
 
     def given(self, prefix: str) -> dict[str, Any]:
         """The fields named ``prefix...`` that are set (``"fsdp_"``: the FSDP plugin's).
@@ -156,6 +158,21 @@ def _maybe_switch(environ: Mapping[str, str], name: str) -> bool | None:
     if environ.get(name, "").strip() == "":
         return None
     return _switch(environ, name)
+
+
+def _sync_batchnorm(environ: Mapping[str, str], name: str) -> str | None:
+    """``global`` | ``node`` (``local`` is an alias) | a boolean (true: ``global``, false:
+    ``off``); None when unset."""
+    raw = environ.get(name, "").strip().lower()
+    if raw in ("", "global", "node"):
+        return raw or None
+    if raw == "local":
+        return "node"
+    try:
+        return "global" if parse_bool(raw, name, empty=False) else "off"
+    except ValueError:
+        raise LaunchEnvironmentError(f"{name}={environ[name]!r} is not a SyncBatchNorm mode; use "
+                                     "global, node or false (or unset it)") from None
 
 
 def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str], str], str | None]:
@@ -241,6 +258,10 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                     f"parallelism_config_{name}", _positive, f"parallelism_config_{name}")
       for name, text in (("dp_replicate_size", "replicated groups (HSDP)"),
                          ("dp_shard_size", "processes that shard the model in each group"))),
+    AccelVariable("ACCEL_SYNC_BATCHNORM", "global | node | false: prepare() turns BatchNorm "
+                  "layers into SyncBatchNorm over all processes or over each machine's "
+                  "(Accelerator(sync_batchnorm=...))", "sync_batchnorm", _sync_batchnorm,
+                  "sync_batchnorm"),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the
