@@ -1,21 +1,23 @@
 """SyncBatchNorm on every device: ``torch.nn.SyncBatchNorm`` plus a path for CPU tensors.
 
 torch's ``SyncBatchNorm`` refuses CPU inputs in training ("SyncBatchNorm expected input tensor
-to be on GPU ..."): its kernels exist for CUDA-like devices only. :class:`SyncBatchNorm` is a
-subclass that keeps torch's path there and, for other devices (CPU over gloo), computes the
-statistics of the whole group itself: one all-reduce of per-channel sums, sums of squares and
-counts (in float64) in forward, one of the two gradient sums in backward, so that outputs,
-running statistics and gradients equal those of ``BatchNorm`` over the group's concatenated batch.
-Weight and bias gradients stay local, as in torch: DDP averages them.
+to be on GPU ..."): its kernels exist for CUDA-like devices only, and DDP refuses the class in
+CPU modules. accel's :class:`SyncBatchNorm` runs torch's path on those devices and, elsewhere
+(CPU over gloo), computes the statistics of the whole group itself: one all-reduce of
+per-channel sums, sums of squares and counts (in float64) in forward, one of the two gradient
+sums in backward, so that outputs, running statistics and gradients equal those of ``BatchNorm``
+over the group's concatenated batch. Weight and bias gradients stay local, as in torch: DDP
+averages them.
 
-:func:`convert_sync_batchnorm` turns a model's BatchNorm layers into it; layers that are already
-``torch.nn.SyncBatchNorm`` (the user's choice of group) are left as they are.
+:func:`convert_sync_batchnorm` turns a model's BatchNorm layers into ``torch.nn.SyncBatchNorm``
+on CUDA-like devices and into accel's class elsewhere; layers synchronised already keep their
+group.
 
 Example:
     >>> import torch
     >>> model = convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(3)))
-    >>> type(model[0]).__name__, isinstance(model[0], torch.nn.SyncBatchNorm)
-    ('SyncBatchNorm', True)
+    >>> type(model[0]).__module__
+    'accel.distributed.batchnorm'
     >>> model(torch.randn(4, 3)).shape  # no process group: plain BatchNorm
     torch.Size([4, 3])
 """
@@ -67,20 +69,29 @@ class BatchNormSync:
     group: Any = None
 
 
-def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.Module:
-    """``module`` with every BatchNorm layer replaced by :class:`SyncBatchNorm` over
-    ``process_group`` (None: all processes); existing ``nn.SyncBatchNorm`` layers are kept.
+def convert_sync_batchnorm(module: nn.Module, process_group: Any = None,
+                           device: torch.device | str | None = None) -> nn.Module:
+    """``module`` with its BatchNorm layers synchronised over ``process_group`` (None: all
+    processes), for training on ``device`` (None: where ``module`` is).
 
-    Parameters and buffers are shared with the replaced layers (as torch's
-    ``convert_sync_batchnorm`` does); returns a new layer when ``module`` itself is one.
+    On devices torch's SyncBatchNorm kernels support (CUDA, XPU, HPU) the layers become
+    ``torch.nn.SyncBatchNorm``; elsewhere (CPU) accel's :class:`SyncBatchNorm` (torch's class
+    refuses CPU tensors, and DDP refuses it in CPU modules). Layers that are synchronised
+    already keep their group; a ``torch.nn.SyncBatchNorm`` bound for the CPU becomes accel's
+    (same group) so that it can train there. Parameters and buffers are shared with the
+    replaced layers, as torch's ``convert_sync_batchnorm`` does.
     """
-    if isinstance(module, nn.SyncBatchNorm):
-        return module
+    kind = torch.device(device).type if device is not None else _device_type(module)
+    torch_kernels = kind in _torch_kernel_devices()
     out = module
+    if isinstance(module, SyncBatchNorm) or (isinstance(module, nn.SyncBatchNorm)
+                                             and torch_kernels):
+        return module
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
-        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, process_group,
-                            bias=module.bias is not None)
+        group = module.process_group if isinstance(module, nn.SyncBatchNorm) else process_group
+        cls = nn.SyncBatchNorm if torch_kernels else SyncBatchNorm
+        out = cls(module.num_features, module.eps, module.momentum, module.affine,
+                  module.track_running_stats, group, bias=module.bias is not None)
         if module.affine:
             out.weight, out.bias = module.weight, module.bias
         out.running_mean, out.running_var = module.running_mean, module.running_var
@@ -89,8 +100,15 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.M
         if hasattr(module, "qconfig"):
             out.qconfig = module.qconfig
     for name, child in module.named_children():
-        out.add_module(name, convert_sync_batchnorm(child, process_group))
+        out.add_module(name, convert_sync_batchnorm(child, process_group, kind))
     return out
+
+
+def _device_type(module: nn.Module) -> str:
+    first: torch.Tensor | None = next(iter(module.parameters()), None)
+    if first is None:
+        first = next(iter(module.buffers()), None)
+    return "cpu" if first is None else first.device.type
 
 
 def _torch_kernel_devices() -> tuple[str, ...]:
@@ -98,16 +116,37 @@ def _torch_kernel_devices() -> tuple[str, ...]:
     return ("cuda", "hpu", "xpu", torch._C._get_privateuse1_backend_name())
 
 
-class SyncBatchNorm(nn.SyncBatchNorm):
-    """``torch.nn.SyncBatchNorm`` that also trains on CPU (and other devices torch refuses).
+class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """``torch.nn.SyncBatchNorm``'s layer (same arguments and semantics) that also trains on
+    CPU and other devices torch's kernels refuse.
 
-    Arguments are torch's (``process_group``: None = all processes). In training, with a process
-    group of more than one process, the batch statistics are those of the group's concatenated
-    batch; in eval mode the running statistics are used, as in torch.
+    ``process_group``: None = all processes. In training, with a process group of more than one
+    process, the batch statistics are those of the group's concatenated batch; in eval mode the
+    running statistics are used, as in torch. On CUDA-like devices torch's kernels run.
+    It is not a ``torch.nn.SyncBatchNorm`` subclass: DDP refuses those in CPU modules.
     """
 
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True,
+                 process_group: Any = None, device: Any = None, dtype: Any = None, *,
+                 bias: bool = True) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype, bias=bias)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def _check_non_zero_input_channels(self, input: torch.Tensor) -> None:
+        if input.size(1) == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        world = self._group_size(input)
+        if input.device.type in _torch_kernel_devices():
+            out: torch.Tensor = cast(Any, nn.SyncBatchNorm).forward(self, input)
+            return out  # torch's own path (this class has every attribute it reads)
+        world = self._group_size()
         if world <= 1:
             return super().forward(input)
         self._check_input_dim(input)
@@ -120,17 +159,14 @@ class SyncBatchNorm(nn.SyncBatchNorm):
             if self.momentum is None:  # cumulative moving average
                 factor = 1.0 / float(self.num_batches_tracked.item())
             running_mean, running_var = self.running_mean, self.running_var
-        out: torch.Tensor = _GroupBatchNorm.apply(  # type: ignore[no-untyped-call]
+        out = _GroupBatchNorm.apply(  # type: ignore[no-untyped-call]
             input, self.weight, self.bias, running_mean, running_var, self.eps, factor,
             self.process_group)
         return out
 
-    def _group_size(self, input: torch.Tensor) -> int:
-        """Processes to synchronise with on the CPU path; 0 or 1 leaves it to torch's forward
-        (eval mode, no process group, or a device torch's kernels handle)."""
+    def _group_size(self) -> int:
+        """Processes to synchronise with (0: eval mode or no process group: plain BatchNorm)."""
         if not (self.training and dist.is_available() and dist.is_initialized()):
-            return 0
-        if input.device.type in _torch_kernel_devices():
             return 0
         return int(dist.get_world_size(self.process_group))
 

@@ -143,12 +143,13 @@ class Strategy(ABC):
         return self.place_model(self.convert_batchnorm(model, sync_batchnorm))
 
     def convert_batchnorm(self, model: nn.Module, sync_batchnorm: SyncSetting) -> nn.Module:
-        """BatchNorm layers as SyncBatchNorm over the chosen group; at world size 1 there is
-        nothing to synchronise and the model comes back as it is."""
+        """BatchNorm layers as SyncBatchNorm over the chosen group (torch's class on CUDA,
+        accel's CPU-capable one elsewhere); at world size 1 there is nothing to synchronise and
+        the model comes back as it is."""
         sync = as_batchnorm_sync(sync_batchnorm)
         if sync is None or not self.ctx.is_distributed:
             return model
-        return convert_sync_batchnorm(model, sync.group)
+        return convert_sync_batchnorm(model, sync.group, self.ctx.device)
 
     def unwrap(self, model: nn.Module, keep_torch_compile: bool = False) -> nn.Module:
         """The user's module inside whatever ``wrap_model`` (or torch.compile) put around it;
