@@ -146,11 +146,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if input.device.type in _torch_kernel_devices():
             out: torch.Tensor = cast(Any, nn.SyncBatchNorm).forward(self, input)
             return out  # torch's own path (this class has every attribute it reads)
-        world = self._group_size()
-        if world <= 1:
-            return super().forward(input)
         self._check_input_dim(input)
         self._check_non_zero_input_channels(input)
+        if self._group_size() <= 1:
+            return super().forward(input)
         factor = 0.0 if self.momentum is None else self.momentum
         running_mean = running_var = None
         if self.track_running_stats:

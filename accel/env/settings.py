@@ -33,6 +33,7 @@ __all__ = [
     "launch_setting_source",
     "read_settings",
     "settings_environment",
+    "sync_batchnorm_mode",
 ]
 
 
@@ -160,19 +161,31 @@ def _maybe_switch(environ: Mapping[str, str], name: str) -> bool | None:
     return _switch(environ, name)
 
 
-def _sync_batchnorm(environ: Mapping[str, str], name: str) -> str | None:
+def sync_batchnorm_mode(raw: str, name: str = "ACCEL_SYNC_BATCHNORM") -> str | None:
     """``global`` | ``node`` (``local`` is an alias) | a boolean (true: ``global``, false:
-    ``off``); None when unset."""
-    raw = environ.get(name, "").strip().lower()
-    if raw in ("", "global", "node"):
-        return raw or None
-    if raw == "local":
+    ``off``); None when empty.
+
+    Example:
+        >>> sync_batchnorm_mode("Local"), sync_batchnorm_mode("0"), sync_batchnorm_mode("")
+        ('node', 'off', None)
+    """
+    text = str(raw).strip().lower()
+    if text in ("", "global", "node"):
+        return text or None
+    if text == "local":
         return "node"
     try:
-        return "global" if parse_bool(raw, name, empty=False) else "off"
+        return "global" if parse_bool(text, name, empty=False) else "off"
     except ValueError:
-        raise LaunchEnvironmentError(f"{name}={environ[name]!r} is not a SyncBatchNorm mode; use "
-                                     "global, node or false (or unset it)") from None
+        raise ValueError(f"{name}={raw!r} is not a SyncBatchNorm mode; use global, node or "
+                         "false") from None
+
+
+def _sync_batchnorm(environ: Mapping[str, str], name: str) -> str | None:
+    try:
+        return sync_batchnorm_mode(environ.get(name, ""), name)
+    except ValueError as exc:
+        raise LaunchEnvironmentError(f"{exc} (or unset it)") from None
 
 
 def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str], str], str | None]:

@@ -119,6 +119,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _switch(p, "dynamo_use_fullgraph", "compile the whole model as one graph")
     _switch(p, "dynamo_use_dynamic", "trace dynamic shapes")
     _switch(p, "dynamo_use_regional_compilation", "compile repeated blocks once each")
+    _flag(p, "sync_batchnorm", choices=["global", "node"], help="BatchNorm layers become "
+          "SyncBatchNorm at prepare(): over all processes, or over each machine's "
+          "(ACCEL_SYNC_BATCHNORM)")
     _add_fsdp_args(p.add_argument_group("FSDP2 (Accelerate's flags; values as `accelerate "
                                         "launch` takes them)"))
     _flag(p, "mpirun_hostfile", metavar="PATH", help="start CPU workers with mpirun (Open MPI, "
