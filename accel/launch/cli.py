@@ -119,9 +119,6 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _switch(p, "dynamo_use_fullgraph", "compile the whole model as one graph")
     _switch(p, "dynamo_use_dynamic", "trace dynamic shapes")
     _switch(p, "dynamo_use_regional_compilation", "compile repeated blocks once each")
-    _flag(p, "sync_batchnorm", choices=["global", "node"], help="BatchNorm layers become "
-          "SyncBatchNorm at prepare(): over all processes, or over each machine's "
-          "(ACCEL_SYNC_BATCHNORM)")
     _add_fsdp_args(p.add_argument_group("FSDP2 (Accelerate's flags; values as `accelerate "
                                         "launch` takes them)"))
     _flag(p, "mpirun_hostfile", metavar="PATH", help="start CPU workers with mpirun (Open MPI, "
@@ -164,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                             epilog=_EPILOG_LAUNCH, allow_abbrev=False,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_launch_args(launch)
+    _flag(launch, "sync_batchnorm", choices=["global", "node"], help="BatchNorm layers become "
+          "SyncBatchNorm at prepare(): over all processes, or over each machine's "
+          "(ACCEL_SYNC_BATCHNORM)")
     config = sub.add_parser("config", help="write the default config file (asks questions; "
                             "`accel config default` asks none)", allow_abbrev=False)
     config.add_argument("action", nargs="?", choices=["default"], help="write defaults")
