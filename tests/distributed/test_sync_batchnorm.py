@@ -147,7 +147,7 @@ def _accelerator_worker(rank: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch import nn
 
-    from accel import Accelerator
+    from accel import Accelerator, DistributedDataParallelKwargs
     from accel.distributed.batchnorm import SyncBatchNorm
 
     node = [rank % 2, rank % 2 + 2]
@@ -157,7 +157,10 @@ def _accelerator_worker(rank: int) -> dict[str, Any]:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Conv1d(CHANNELS, CHANNELS, 1), nn.BatchNorm1d(CHANNELS),
                               nn.Flatten(), nn.Linear(CHANNELS * LENGTH, 1))
-        accelerator = Accelerator(cpu=True, sync_batchnorm=mode)
+        # DDP's default broadcast_buffers would copy rank 0's running statistics to every rank
+        # at each forward: without it each node keeps its own
+        keep = DistributedDataParallelKwargs(broadcast_buffers=False)
+        accelerator = Accelerator(cpu=True, sync_batchnorm=mode, kwargs_handlers=[keep])
         assert accelerator.sync_batchnorm == mode
         # synchronised already, over ranks 0 and 1: prepare() keeps its group (torch's class
         # cannot train on CPU, so it becomes accel's there)
@@ -199,6 +202,9 @@ def _all_worker(rank: int) -> dict[str, Any]:
 
 def test_sync_batchnorm_global_node_off_horovod_and_accelerator() -> None:
     results = run_workers(_all_worker, WORLD, env=_round_robin_nodes, timeout=240)
-    # per-rank statistics without synchronisation (ranks saw different batches)
-    assert results[0]["False"] != results[1]["False"]
     assert results[0]["node_mean"] == results[2]["node_mean"] != results[1]["node_mean"]
+    # through Accelerator.prepare: running statistics per node, global, or per rank
+    node, every, off = ([r[mode] for r in results] for mode in ("node", "global", "False"))
+    assert node[0] == node[2] != node[1] == node[3]
+    assert all(torch.allclose(torch.tensor(m), torch.tensor(every[0])) for m in every)
+    assert len({tuple(m) for m in off}) == WORLD

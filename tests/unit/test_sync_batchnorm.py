@@ -224,3 +224,25 @@ def test_launch_flag_env_and_config_reach_workers() -> None:
         settings(["t.py"], {"ACCEL_SYNC_BATCHNORM": "machine"})
     with pytest.raises(SystemExit):
         settings(["--sync_batchnorm", "machine", "t.py"])
+
+
+def test_torch_kernel_devices_run_torchs_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA-like devices the layer runs ``torch.nn.SyncBatchNorm.forward`` on itself (checked
+    here by declaring the CPU such a device: without a process group torch's forward is plain
+    BatchNorm, and it must find every attribute it reads on accel's layer)."""
+    import accel.distributed.batchnorm as module
+
+    calls: list[int] = []
+    original = nn.SyncBatchNorm.forward
+
+    def spy(self: nn.Module, input: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return original(self, input)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "_torch_kernel_devices", lambda: ("cpu",))
+    monkeypatch.setattr(nn.SyncBatchNorm, "forward", spy)
+    layer, reference = SyncBatchNorm(3, momentum=None), nn.BatchNorm1d(3, momentum=None)
+    x = torch.randn(6, 3)
+    torch.testing.assert_close(layer(x), reference(x))
+    torch.testing.assert_close(layer.running_mean, reference.running_mean)
+    assert calls == [1]
