@@ -48,6 +48,7 @@ from .settings import (
     launch_setting_source,
     read_settings,
     settings_environment,
+    sync_batchnorm_mode,
 )
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "read_settings",
     "requested_layout",
     "settings_environment",
+    "sync_batchnorm_mode",
     "worker_environment",
     "worker_ranks",
 ]

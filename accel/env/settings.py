@@ -33,6 +33,7 @@ __all__ = [
     "launch_setting_source",
     "read_settings",
     "settings_environment",
+    "sync_batchnorm_mode",
 ]
 
 
@@ -82,6 +83,8 @@ class EnvSettings:
     fsdp_ignored_modules: str | None = None
     parallelism_config_dp_replicate_size: int | None = None
     parallelism_config_dp_shard_size: int | None = None
+    #: SyncBatchNorm mode for prepare(): "global", "node" or "off" (None: unset)
+    sync_batchnorm: str | None = None
 
     def given(self, prefix: str) -> dict[str, Any]:
         """The fields named ``prefix...`` that are set (``"fsdp_"``: the FSDP plugin's).
@@ -156,6 +159,33 @@ def _maybe_switch(environ: Mapping[str, str], name: str) -> bool | None:
     if environ.get(name, "").strip() == "":
         return None
     return _switch(environ, name)
+
+
+def sync_batchnorm_mode(raw: str, name: str = "ACCEL_SYNC_BATCHNORM") -> str | None:
+    """``global`` | ``node`` (``local`` is an alias) | a boolean (true: ``global``, false:
+    ``off``); None when empty.
+
+    Example:
+        >>> sync_batchnorm_mode("Local"), sync_batchnorm_mode("0"), sync_batchnorm_mode("")
+        ('node', 'off', None)
+    """
+    text = str(raw).strip().lower()
+    if text in ("", "global", "node"):
+        return text or None
+    if text == "local":
+        return "node"
+    try:
+        return "global" if parse_bool(text, name, empty=False) else "off"
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a SyncBatchNorm mode; use global, node or "
+                         "false") from None
+
+
+def _sync_batchnorm(environ: Mapping[str, str], name: str) -> str | None:
+    try:
+        return sync_batchnorm_mode(environ.get(name, ""), name)
+    except ValueError as exc:
+        raise LaunchEnvironmentError(f"{exc} (or unset it)") from None
 
 
 def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str], str], str | None]:
@@ -241,6 +271,10 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                     f"parallelism_config_{name}", _positive, f"parallelism_config_{name}")
       for name, text in (("dp_replicate_size", "replicated groups (HSDP)"),
                          ("dp_shard_size", "processes that shard the model in each group"))),
+    AccelVariable("ACCEL_SYNC_BATCHNORM", "global | node | false: prepare() turns BatchNorm "
+                  "layers into SyncBatchNorm over all processes or over each machine's "
+                  "(Accelerator(sync_batchnorm=...))", "sync_batchnorm", _sync_batchnorm,
+                  "sync_batchnorm"),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the

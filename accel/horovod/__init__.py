@@ -29,6 +29,7 @@ from .basics import (
 from .compression import Compression, Compressor
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduce_op import Adasum, Average, Max, Min, Product, Sum
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -37,6 +38,7 @@ __all__ = [
     "Min",
     "Product",
     "Sum",
+    "SyncBatchNorm",
     "Compression",
     "Compressor",
     "ProcessSet",

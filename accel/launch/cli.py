@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                             epilog=_EPILOG_LAUNCH, allow_abbrev=False,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_launch_args(launch)
+    _flag(launch, "sync_batchnorm", choices=["global", "node"], help="BatchNorm layers become "
+          "SyncBatchNorm at prepare(): over all processes, or over each machine's "
+          "(ACCEL_SYNC_BATCHNORM)")
     config = sub.add_parser("config", help="write the default config file (asks questions; "
                             "`accel config default` asks none)", allow_abbrev=False)
     config.add_argument("action", nargs="?", choices=["default"], help="write defaults")

@@ -22,7 +22,13 @@ from typing import Any
 
 from .._parse import parse_bool, parse_choice, parse_float, parse_gpu_ids, parse_int
 from ..config import parse_mixed_precision
-from ..env import DYNAMO_BACKENDS, DYNAMO_MODES, cuda_visible_devices, launch_setting_source
+from ..env import (
+    DYNAMO_BACKENDS,
+    DYNAMO_MODES,
+    cuda_visible_devices,
+    launch_setting_source,
+    sync_batchnorm_mode,
+)
 from .config_file import ConfigFile
 from .core import (
     LOOPBACK,
@@ -79,7 +85,8 @@ class LaunchSettings:
     enable_cpu_affinity: bool = False
     #: Start the workers with ``mpirun`` on the hosts of this file (CPU only), not torchrun.
     mpirun_hostfile: str | None = None
-    #: ``dynamo_*`` settings the user chose (flag, env, config), exported as ``ACCEL_DYNAMO_*``.
+    #: ``dynamo_*`` settings (and ``sync_batchnorm``) the user chose (flag, env, config),
+    #: exported as ``ACCEL_DYNAMO_*`` (``ACCEL_SYNC_BATCHNORM``).
     dynamo: dict[str, Any] = field(default_factory=dict)
     #: shard models with FSDP2 (``--use_fsdp``): ``ACCEL_USE_FSDP`` and the ``fsdp_*`` /
     #: ``parallelism_config_*`` settings the user chose, exported as ``ACCEL_<NAME>``
@@ -266,6 +273,8 @@ _DYNAMO: tuple[tuple[str, _Parse], ...] = (
     ("dynamo_mode", _choice(DYNAMO_MODES, "a torch.compile mode")),
     ("dynamo_use_fullgraph", _bool), ("dynamo_use_dynamic", _bool),
     ("dynamo_use_regional_compilation", _bool),
+    # not a compile setting, but exported to the workers the same way (ACCEL_SYNC_BATCHNORM)
+    ("sync_batchnorm", sync_batchnorm_mode),
 )
 #: (device, flag): the flags that choose the device.
 _DEVICE_FLAGS = (("cpu", "--cpu"), ("cuda", "--multi_gpu"), ("xla", "--tpu"))
