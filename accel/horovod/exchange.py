@@ -1,0 +1,264 @@
+"""Horovod's data-exchanging collectives: ``allgather``, ``alltoall``, ``reducescatter``, and
+the synchronisation points ``barrier`` and ``join``.
+
+* ``allgather`` concatenates every rank's tensor along dim 0; first dimensions may differ
+  (accel's :class:`~accel.distributed.Communicator` gather: one ``all_gather`` in the steady
+  state, on every backend).
+* ``alltoall(tensor, splits=None)`` sends ``splits[i]`` rows to the set's i-th rank (equal parts
+  without ``splits``) with ``all_to_all_single`` (gloo supports it, uneven splits included, in
+  the torch versions accel supports); with ``splits`` it returns ``(output, received_splits)``,
+  without them only the output, as Horovod does.
+* ``reducescatter`` (``op`` = ``Average`` or ``Sum``, as Horovod) gives rank i of the set the
+  i-th block of rows of the reduced tensor; when the rows do not divide evenly the first ranks
+  get one more row (Horovod's split). An even split uses ``reduce_scatter_tensor``; an uneven
+  one (and the grouped form: one collective per dtype) reduces the whole tensor and keeps the
+  rank's rows, which moves more data but is correct on every backend.
+
+Example:
+    >>> import torch
+    >>> import accel.horovod as hvd
+    >>> hvd.init()
+    >>> hvd.allgather(torch.tensor([[1, 2]])).tolist()
+    [[1, 2]]
+    >>> out, received = hvd.alltoall(torch.arange(3), splits=[3]); out.tolist(), received.tolist()
+    ([0, 1, 2], [3])
+    >>> hvd.reducescatter(torch.tensor([2.0, 4.0])).tolist()
+    [2.0, 4.0]
+    >>> hvd.join()
+    0
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._plumbing import Scope, on_wire, scale_, scope_of
+from .compression import Compression, Compressor
+from .handles import submit, synchronize
+from .process_sets import ProcessSet, global_process_set
+from .reduce_op import Average, Sum, name_of
+
+__all__ = ["allgather", "allgather_async", "alltoall", "alltoall_async", "barrier", "join",
+           "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
+           "grouped_reducescatter_async", "reducescatter", "reducescatter_async"]
+
+_JOIN_KEY = "horovod.join_generation"
+
+
+# -- allgather ------------------------------------------------------------------------------
+def _gather(tensors: Sequence[torch.Tensor], process_set: ProcessSet) -> list[torch.Tensor]:
+    scope = scope_of(process_set)
+    leaves = [t.detach() for t in tensors]
+    if not scope.distributed:
+        return [t.clone().reshape(1) if t.dim() == 0 else t.clone() for t in leaves]
+    out: list[torch.Tensor] = scope.session.comm.gather(leaves, group=scope.group)
+    return out
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start gathering ``tensor`` from every rank of the set (dim 0 may differ)."""
+    result = _gather([tensor], process_set)[0]
+    return submit([], lambda: result)
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0, in rank order (dim 0 may differ)."""
+    return _gather([tensor], process_set)[0]
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start gathering a list of tensors (one collective for the list)."""
+    result = _gather(list(tensors), process_set)
+    return submit([], lambda: result)
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """``allgather`` of each tensor of a list, with one collective for the whole list."""
+    return _gather(list(tensors), process_set)
+
+
+# -- alltoall -------------------------------------------------------------------------------
+def _splits(tensor: torch.Tensor, splits: Any, scope: Scope) -> list[int]:
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if splits is None:
+        if rows % scope.size:
+            raise ValueError(f"hvd.alltoall: without splits, the first dimension ({rows}) must "
+                             f"divide evenly among the {scope.size} ranks; pass splits=")
+        return [rows // scope.size] * scope.size
+    values = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if len(values) != scope.size or min(values) < 0 or sum(values) > rows:
+        raise ValueError(f"hvd.alltoall: splits={values} must hold {scope.size} non-negative "
+                         f"row counts (one per rank of the set) summing to at most {rows}")
+    return values
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Start an alltoall; ``synchronize`` returns ``(output, received_splits)``."""
+    scope = scope_of(process_set)
+    sent = _splits(tensor, splits, scope)
+    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    source = tensor.detach()[: sum(sent)]
+    if not scope.distributed:
+        result = (source.clone(), torch.tensor(sent, dtype=split_dtype))
+        return submit([], lambda: result)
+    counts = torch.tensor(sent, dtype=torch.int64, device=scope.wire)
+    received_t = torch.empty_like(counts)
+    dist.all_to_all_single(received_t, counts, group=scope.group)
+    received = received_t.tolist()
+    wire_in = on_wire(source, scope.wire, copy=False)
+    out = wire_in.new_empty((sum(received),) + tuple(source.shape[1:]))
+    work = dist.all_to_all_single(out, wire_in, output_split_sizes=received,
+                                  input_split_sizes=sent, group=scope.group, async_op=True)
+    splits_out = torch.tensor(received, dtype=split_dtype)
+    return submit([work], lambda: (out.to(tensor.device), splits_out))
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send ``splits[i]`` rows of ``tensor`` to the set's i-th rank (equal parts by default).
+
+    Returns the received rows concatenated in rank order and, when ``splits`` is given, also
+    the number of rows received from each rank (Horovod's ``(output, received_splits)``).
+    """
+    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return output if splits is None else (output, received)
+
+
+# -- reducescatter --------------------------------------------------------------------------
+def _rows_of(rows: int, size: int, index: int) -> tuple[int, int]:
+    """Horovod's split: the first ``rows % size`` ranks get one extra row."""
+    base, extra = divmod(rows, size)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def _reducescatter_async(tensors: Sequence[torch.Tensor], op: int, process_set: ProcessSet,
+                         prescale: float, postscale: float, single: bool) -> int:
+    name_of(op)
+    if op not in (Average, Sum):
+        raise ValueError(f"hvd.reducescatter(op={name_of(op)}): Horovod's reducescatter "
+                         "supports only hvd.Average and hvd.Sum; use allreduce for other ops")
+    scope = scope_of(process_set)
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError("hvd.reducescatter needs tensors with at least one dimension")
+    post = postscale / scope.size if op == Average else postscale
+    index = scope.ranks.index(scope.rank)
+    works: list[Any] = []
+    parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []  # (buf, out, src)
+    for tensor in tensors:
+        buf = scale_(on_wire(tensor, scope.wire, copy=True), prescale)
+        rows = tensor.shape[0]
+        if scope.distributed and rows % scope.size == 0:
+            out = buf.new_empty((rows // scope.size,) + tuple(tensor.shape[1:]))
+            works.append(dist.reduce_scatter_tensor(out.view(-1), buf.view(-1),
+                                                    group=scope.group, async_op=True))
+            parts.append((buf, out, tensor))
+            continue
+        if scope.distributed:
+            works.append(dist.all_reduce(buf, group=scope.group, async_op=True))
+        parts.append((buf, None, tensor))
+
+    def finish() -> Any:
+        results = []
+        for buf, out, tensor in parts:
+            if out is None:
+                start, end = _rows_of(tensor.shape[0], scope.size, index)
+                out = buf[start:end].clone()
+            results.append(scale_(out, post).to(tensor.device))
+        return results[0] if single else results
+
+    return submit(works, finish)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of ``tensor`` (not modified); returns a handle."""
+    return _reducescatter_async([tensor], op, process_set, prescale_factor, postscale_factor,
+                                True)
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: int = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` over the set and return this rank's block of rows."""
+    sent, ctx = compression.compress(tensor)
+    out = synchronize(_reducescatter_async([sent], op, process_set, prescale_factor,
+                                           postscale_factor, True))
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: int = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of each tensor of a list; returns a handle."""
+    return _reducescatter_async(list(tensors), op, process_set, prescale_factor,
+                                postscale_factor, False)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] = Compression.none, op: int = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """``reducescatter`` of each tensor of a list; returns this rank's blocks."""
+    packed = [compression.compress(t) for t in tensors]
+    outs = synchronize(_reducescatter_async([s for s, _ in packed], op, process_set,
+                                            prescale_factor, postscale_factor, False))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, packed, strict=True)]
+
+
+# -- barrier and join -----------------------------------------------------------------------
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every rank of the set reaches this call."""
+    scope = scope_of(process_set)
+    if not scope.distributed:
+        return
+    if scope.group is None:
+        scope.session.comm.barrier()
+    elif scope.session.context.backend == "nccl":
+        dist.barrier(group=scope.group, device_ids=[scope.session.context.device.index])
+    else:
+        dist.barrier(group=scope.group)
+
+
+def join(device: int = -1) -> int:
+    """Wait until every rank has called ``join``; returns the rank that joined last.
+
+    Horovod lets a rank that joined keep answering the other ranks' allreduces with zeros until
+    they join too. torch.distributed matches collectives by order, so a rank blocked here can
+    not take part in collectives it does not issue: in accel, every rank must reach ``join``
+    before issuing any other collective (a collective started by a rank that has not joined
+    while another rank waits here never completes). For uneven data, make the ranks agree on
+    the number of steps first (e.g. ``hvd.allreduce(torch.tensor(n), op=hvd.Min)``), then
+    ``join()`` at the end. The last rank is found through the job's key-value store: each rank
+    counts itself in on arrival, and the ranks then agree on who arrived last. ``device`` is
+    accepted for compatibility (no zero tensors are needed).
+    """
+    scope = scope_of(global_process_set)
+    if not scope.distributed:
+        return scope.rank
+    extras = scope.session.extras
+    generation = extras[_JOIN_KEY] = extras.get(_JOIN_KEY, 0) + 1
+    store = scope.session.setup.group.store()
+    order = scope.rank  # without a store: ties resolved to the highest rank
+    if store is not None:
+        order = store.add(f"accel/horovod/join/{generation}", 1) * scope.size + scope.rank
+    arrivals = torch.zeros(scope.size, dtype=torch.int64, device=scope.wire)
+    arrivals[scope.rank] = order
+    dist.all_reduce(arrivals, group=scope.group)
+    return int(arrivals.argmax().item())
