@@ -3,7 +3,7 @@
 * :func:`scope_of` turns ``process_set=`` into the torch group (through
   :func:`~accel.horovod.process_sets.group_of`), the set's global ranks, and the device the
   backend communicates on (the process's device for nccl, the CPU otherwise).
-* :func:`resolve_op` applies Horovod's ``average=`` / ``op=`` rules and refuses ``Adasum``.
+* :func:`resolve_op` applies Horovod's ``average=`` / ``op=`` rules.
 * :func:`scale_` multiplies in place as Horovod's scale buffers do: floating tensors in their
   dtype, integer tensors through float64 and back, truncated toward zero.
 """
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ._session import Session, current
 from .process_sets import ProcessSet, group_of
-from .reduce_op import Adasum, Average, Max, Min, Product, Sum, name_of
+from .reduce_op import Average, Max, Min, Product, Sum, name_of
 
 __all__ = ["Scope", "resolve_op", "scale_", "scope_of", "torch_op"]
 
@@ -81,7 +81,7 @@ def scope_of(process_set: ProcessSet | None) -> Scope:
 
 def resolve_op(op: int | None, average: bool | None, what: str) -> int:
     """Horovod's rules: ``op`` wins; ``average=`` alone is the deprecated spelling (warned
-    once per session); neither means ``Average``. ``Adasum`` is refused with the reason."""
+    once per session); neither means ``Average``."""
     if op is not None:
         if average is not None:
             raise ValueError(f"hvd.{what}: the op parameter supersedes average; pass only op=")
@@ -96,12 +96,6 @@ def resolve_op(op: int | None, average: bool | None, what: str) -> int:
     else:
         op = Average
     name_of(op)  # ValueError listing the valid ops
-    if op == Adasum:
-        raise NotImplementedError(
-            f"hvd.{what}(op=hvd.Adasum): Adasum needs Horovod's own reduction tree, which "
-            "torch.distributed does not provide, so accel.horovod does not offer it; use "
-            "op=hvd.Average (what DistributedOptimizer does by default) or op=hvd.Sum, and scale "
-            "the learning rate as you would without Adasum")
     return op
 
 

@@ -5,6 +5,7 @@ its ``process_set`` (``hvd.global_process_set`` by default); ``*_async`` variant
 handle for :func:`~accel.horovod.handles.synchronize` / :func:`~accel.horovod.handles.poll`,
 and the trailing-underscore variants work in place.
 
+``op=hvd.Adasum`` is Horovod's adaptive summation (see :mod:`accel.horovod.adasum`).
 ``op=hvd.Average`` is a sum followed by a division by the set's size (torch's ``AVG`` exists on
 nccl only), folded into ``postscale_factor`` as Horovod does: integer tensors are averaged
 through float64 and truncated toward zero, like Horovod's. A grouped reduction sends one
@@ -33,10 +34,11 @@ import torch
 import torch.distributed as dist
 
 from ._plumbing import Scope, on_wire, resolve_op, scale_, scope_of, torch_op
+from .adasum import adasum_reduce
 from .compression import Compression, Compressor
 from .handles import submit, synchronize
 from .process_sets import ProcessSet, global_process_set
-from .reduce_op import Average
+from .reduce_op import Adasum, Average
 
 __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "broadcast",
            "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allreduce",
@@ -53,6 +55,14 @@ def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: flo
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"hvd.{what} needs tensors, got {type(tensor).__name__}")
+    if op == Adasum:
+        result = adasum_reduce(tensors, scope, prescale_factor, postscale_factor, what)
+        if inplace:
+            with torch.no_grad():
+                for target, value in zip(tensors, result, strict=True):
+                    target.copy_(value)
+            result = list(tensors)
+        return submit([], (lambda: result[0]) if single else (lambda: result))
     post = postscale_factor / scope.size if op == Average else postscale_factor
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):

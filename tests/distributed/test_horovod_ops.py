@@ -79,6 +79,11 @@ def _reductions(rank: int, out: dict[str, Any]) -> None:
     leaf = torch.full((2,), float(rank + 1), requires_grad=True)
     (hvd.allreduce(leaf * (rank + 1), op=hvd.Sum) * torch.tensor([1.0, 2.0])).sum().backward()
     out["grad"] = leaf.grad.tolist() if leaf.grad is not None else None
+    # Adasum: the published rule (one pair), per tensor in a grouped call
+    a = torch.randn(5, generator=torch.Generator().manual_seed(rank))
+    b = torch.randn(2, 2, generator=torch.Generator().manual_seed(10 + rank))
+    out["adasum"] = hvd.allreduce(a, op=hvd.Adasum).tolist()
+    out["adasum_grouped"] = [x.tolist() for x in hvd.grouped_allreduce([a, b], op=hvd.Adasum)]
     # compression: float32 in and out, float16 on the wire (the sum of the rounded thirds)
     third = torch.tensor([1.0 / 3.0, 1000.1])
     c = hvd.allreduce(third, op=hvd.Sum, compression=hvd.Compression.fp16)
@@ -216,6 +221,22 @@ def _pair_worker(rank: int) -> dict[str, Any]:
     return out
 
 
+def _reference_adasum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The published rule, written out independently of accel.horovod.adasum."""
+    a, b = a.double(), b.double()
+    dot = (a * b).sum()
+    return ((1 - dot / (2 * (a * a).sum())) * a + (1 - dot / (2 * (b * b).sum())) * b).float()
+
+
+def _check_adasum(r: dict[str, Any]) -> None:
+    a = [torch.randn(5, generator=torch.Generator().manual_seed(q)) for q in (0, 1)]
+    b = [torch.randn(2, 2, generator=torch.Generator().manual_seed(10 + q)) for q in (0, 1)]
+    torch.testing.assert_close(torch.tensor(r["adasum"]), _reference_adasum(*a))
+    grouped = [torch.tensor(x) for x in r["adasum_grouped"]]
+    torch.testing.assert_close(grouped[0], _reference_adasum(*a))  # dot products per tensor,
+    torch.testing.assert_close(grouped[1], _reference_adasum(*b))  # not over the fused buffer
+
+
 def _check_reductions(r: dict[str, Any]) -> None:
     assert r["average"] == [1.5, 5.0]
     assert r["Sum"] == [3.0, 10.0] and r["Min"] == [1.0, 0.0]
@@ -288,6 +309,7 @@ def test_horovod_ops_two_processes() -> None:
     for rank, r in enumerate(results):
         assert (r["rank"], r["size"]) == (rank, 2)
         _check_reductions(r)
+        _check_adasum(r)
         _check_grouped(r)
         _check_gathers(r)
         _check_rest(r, results[1]["sd"], results[0])
@@ -321,6 +343,10 @@ def _trio_worker(rank: int) -> dict[str, Any]:
         out["objs"] = hvd.allgather_object(rank, process_set=subset)
         hvd.barrier(process_set=subset)
         out["set_rank"] = (subset.rank(), subset.size())
+        try:
+            hvd.allreduce(torch.ones(2), op=hvd.Adasum, process_set=subset)
+        except NotImplementedError as e:
+            out["adasum_set"] = str(e)
     else:
         try:
             hvd.allreduce(torch.tensor([1.0]), process_set=subset)
@@ -329,6 +355,10 @@ def _trio_worker(rank: int) -> dict[str, Any]:
     # whole job, three ranks: uneven reducescatter rows (2, 2, 1) and even alltoall
     out["rs3"] = hvd.reducescatter(torch.arange(5.0) * (rank + 1), op=hvd.Sum).tolist()
     out["a2a3"] = hvd.alltoall(torch.arange(3) + 10 * rank).tolist()
+    try:
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    except NotImplementedError as e:
+        out["adasum3"] = str(e)
     if rank == 2:
         time.sleep(0.5)
     out["join"] = hvd.join()
@@ -346,6 +376,7 @@ def test_horovod_ops_process_set_of_three() -> None:
         assert r["rs"] == ([0.0, 2.0] if rank == 0 else [4.0])
         assert r["obj"] == 2 and r["objs"] == [0, 2]
         assert r["set_rank"] == (rank // 2, 2)
+        assert "global process set only" in r["adasum_set"]
     assert results[0]["alltoall"] == ([0, 20, 21], [1, 2])
     assert results[2]["alltoall"] == ([1, 2, 22], [2, 1])
     assert "not in ProcessSet" in results[1]["not_member"]
@@ -354,6 +385,7 @@ def test_horovod_ops_process_set_of_three() -> None:
                                            total[4:].tolist()]
     assert [r["a2a3"] for r in results] == [[0, 10, 20], [1, 11, 21], [2, 12, 22]]
     assert [r["join"] for r in results] == [2, 2, 2]
+    assert all("power-of-two number of ranks (this job has 3)" in r["adasum3"] for r in results)
 
 
 @pytest.mark.parametrize("world", [2])

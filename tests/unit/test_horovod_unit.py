@@ -81,13 +81,40 @@ def test_op_constants_are_horovods() -> None:
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
 
 
+def _reference_adasum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The published rule, written out independently of accel.horovod.adasum."""
+    a, b = a.double(), b.double()
+    dot = (a * b).sum()
+    return (1 - dot / (2 * (a * a).sum())) * a + (1 - dot / (2 * (b * b).sum())) * b
+
+
+def test_adasum_tree_order_and_rule() -> None:
+    from accel.horovod.adasum import adasum_combine
+
+    rows = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    expected = _reference_adasum(_reference_adasum(rows[0], rows[1]),
+                                 _reference_adasum(rows[2], rows[3]))
+    torch.testing.assert_close(adasum_combine(rows), expected.float())
+    ortho = torch.tensor([[3.0, 0.0], [0.0, 4.0]])
+    assert adasum_combine(ortho).tolist() == [3.0, 4.0]  # orthogonal: the sum
+    same = torch.tensor([[1.5, -2.0], [1.5, -2.0]])
+    assert adasum_combine(same).tolist() == [1.5, -2.0]  # parallel: the average
+    zero = torch.tensor([[0.0, 0.0], [1.0, 2.0]])
+    assert adasum_combine(zero).tolist() == [1.0, 2.0]  # a zero gradient keeps coefficient 1
+
+
 def test_bad_op_and_adasum(session: None) -> None:
     with pytest.raises(ValueError, match="not a Horovod reduction"):
         hvd.allreduce(torch.ones(1), op=42)
-    with pytest.raises(NotImplementedError, match="use op=hvd.Average"):
-        hvd.allreduce(torch.ones(1), op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.grouped_allreduce_async([torch.ones(1)], op=hvd.Adasum)
+    t = torch.tensor([1.0, -2.0])
+    assert hvd.allreduce(t, op=hvd.Adasum, prescale_factor=2.0, postscale_factor=0.5).tolist() \
+        == [1.0, -2.0]
+    x = t.clone()
+    assert hvd.allreduce_(x, op=hvd.Adasum, postscale_factor=3.0) is x
+    assert x.tolist() == [3.0, -6.0]
+    with pytest.raises(ValueError, match="float tensors only"):
+        hvd.grouped_allreduce_async([torch.ones(1), torch.ones(1, dtype=torch.int32)],
+                                    op=hvd.Adasum)
     with pytest.raises(ValueError, match="only hvd.Average and hvd.Sum"):
         hvd.reducescatter(torch.ones(2), op=hvd.Max)
     with pytest.raises(ValueError, match="at least one dimension"):
