@@ -40,6 +40,7 @@ import torch.distributed as dist
 from ._plumbing import Scope, on_wire, scale_, scope_of
 from .compression import Compression, Compressor
 from .handles import submit, synchronize
+from .ops import allreduce
 from .process_sets import ProcessSet, global_process_set
 from .reduce_op import Average, Sum, name_of
 
@@ -67,10 +68,32 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     return submit([], lambda: result)
 
 
+class _Allgather(torch.autograd.Function):
+    """Differentiable allgather; the gradient is Horovod's: the gathered gradient averaged over
+    the set, then this rank's rows."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
+        ctx.shape, ctx.process_set = tensor.shape, process_set
+        return _gather([tensor], process_set)[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        scope = scope_of(ctx.process_set)
+        reduced = allreduce(grads[0], op=Average, process_set=ctx.process_set)
+        rows = ctx.shape[0] if len(ctx.shape) else 1
+        counts = _gather([torch.tensor([rows])], ctx.process_set)[0].tolist()
+        offset = sum(counts[: scope.ranks.index(scope.rank)])
+        return reduced.narrow(0, offset, rows).reshape(ctx.shape), None
+
+
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Every rank's ``tensor`` concatenated along dim 0, in rank order (dim 0 may differ)."""
-    return _gather([tensor], process_set)[0]
+    """Every rank's ``tensor`` concatenated along dim 0, in rank order (dim 0 may differ).
+
+    Differentiable as in Horovod (see :class:`_Allgather`)."""
+    result: torch.Tensor = _Allgather.apply(tensor, process_set)  # type: ignore[no-untyped-call]
+    return result
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -123,14 +146,38 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     return submit([work], lambda: (out.to(tensor.device), splits_out))
 
 
+class _Alltoall(torch.autograd.Function):
+    """Differentiable alltoall: the gradient goes back along the same rows (rows past the
+    splits, which were not sent, get zero)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any,
+                process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = synchronize(alltoall_async(tensor, splits, None, process_set))
+        ctx.received, ctx.shape, ctx.process_set = received, tensor.shape, process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        grad, _ = synchronize(alltoall_async(grads[0].contiguous(), ctx.received, None,
+                                             ctx.process_set))
+        if grad.shape[0] < ctx.shape[0]:
+            grad = torch.cat([grad, grad.new_zeros((ctx.shape[0] - grad.shape[0],)
+                                                   + tuple(ctx.shape[1:]))])
+        return grad, None, None
+
+
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send ``splits[i]`` rows of ``tensor`` to the set's i-th rank (equal parts by default).
 
     Returns the received rows concatenated in rank order and, when ``splits`` is given, also
     the number of rows received from each rank (Horovod's ``(output, received_splits)``).
+    Differentiable with respect to ``tensor``.
     """
-    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    output, received = _Alltoall.apply(  # type: ignore[no-untyped-call]
+        tensor, splits, process_set)
     return output if splits is None else (output, received)
 
 
@@ -189,14 +236,36 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
                                 True)
 
 
+class _Reducescatter(torch.autograd.Function):
+    """Differentiable reducescatter; the gradient is Horovod's: this rank's gradient, scaled
+    (by the set's size for ``Sum``, by the pre- and postscale factors), all-gathered."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: int, process_set: ProcessSet,
+                prescale: float, postscale: float) -> torch.Tensor:
+        ctx.args = (op, process_set, prescale * postscale)
+        result: torch.Tensor = synchronize(_reducescatter_async(
+            [tensor], op, process_set, prescale, postscale, True))
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        op, process_set, factor = ctx.args
+        if op == Sum:
+            factor *= scope_of(process_set).size
+        grad = grads[0] * factor if factor != 1.0 else grads[0]
+        return _gather([grad], process_set)[0], None, None, None, None
+
+
 def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   compression: type[Compressor] = Compression.none, op: int = Average,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
-    """Reduce ``tensor`` over the set and return this rank's block of rows."""
+    """Reduce ``tensor`` over the set and return this rank's block of rows (differentiable
+    as in Horovod, see :class:`_Reducescatter`)."""
     sent, ctx = compression.compress(tensor)
-    out = synchronize(_reducescatter_async([sent], op, process_set, prescale_factor,
-                                           postscale_factor, True))
+    out = _Reducescatter.apply(  # type: ignore[no-untyped-call]
+        sent, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
 
 

@@ -264,10 +264,34 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
                                            "broadcast_async_", single=True)
 
 
+class _Broadcast(torch.autograd.Function):
+    """Differentiable broadcast; the gradient is Horovod's: averaged over the set, kept on the
+    root and zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.args = (root_rank, process_set)
+        result: torch.Tensor = synchronize(broadcast_tensors_async(
+            [tensor], root_rank, scope_of(process_set), False, "broadcast", single=True))
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        root_rank, process_set = ctx.args
+        grad = allreduce(grads[0], op=Average, process_set=process_set)
+        if scope_of(process_set).rank != root_rank:
+            grad = grad * 0
+        return grad, None, None
+
+
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """``root_rank``'s ``tensor`` (a global rank in the set), as a new tensor on every rank."""
-    result: torch.Tensor = synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    """``root_rank``'s ``tensor`` (a global rank in the set), as a new tensor on every rank.
+
+    Differentiable as in Horovod (see :class:`_Broadcast`)."""
+    result: torch.Tensor = _Broadcast.apply(  # type: ignore[no-untyped-call]
+        tensor, root_rank, process_set)
     return result
 
 

@@ -152,6 +152,20 @@ def _gathers(rank: int, out: dict[str, Any]) -> None:
     out["rs_grouped"] = [x.tolist() for x in hvd.grouped_reducescatter(
         [uneven, torch.ones(2, dtype=torch.int64)], op=hvd.Sum)]
     out["rs_async"] = hvd.synchronize(hvd.reducescatter_async(uneven)).tolist()
+    # gradients, with Horovod's conventions
+    x = torch.ones(rank + 1, requires_grad=True)
+    (hvd.allgather(x) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    out["grad_allgather"] = x.grad.tolist() if x.grad is not None else None
+    x = torch.full((2,), rank + 1.0, requires_grad=True)
+    (hvd.broadcast(x, root_rank=1) * (rank + 1)).sum().backward()
+    out["grad_broadcast"] = x.grad.tolist() if x.grad is not None else None
+    x = send.float().requires_grad_()
+    got, _ = hvd.alltoall(x, splits=splits)
+    (got * torch.arange(1.0, got.shape[0] + 1)).sum().backward()
+    out["grad_alltoall"] = x.grad.tolist() if x.grad is not None else None
+    x = torch.ones(4, requires_grad=True)
+    (hvd.reducescatter(x, op=hvd.Sum) * torch.tensor([1.0, 2.0])).sum().backward()
+    out["grad_reducescatter"] = x.grad.tolist() if x.grad is not None else None
 
 
 def _objects_and_sync(rank: int, out: dict[str, Any]) -> None:
@@ -288,6 +302,10 @@ def _check_gathers(r: dict[str, Any]) -> None:
     assert r["rs_uneven"] == (full[rows] / 2).tolist() and r["rs_async"] == r["rs_uneven"]
     assert r["rs_scaled"] == full[rows].tolist()
     assert r["rs_grouped"] == [full[rows].tolist(), [2]]
+    assert r["grad_allgather"] == ([1.0] if rank == 0 else [2.0, 3.0])
+    assert r["grad_broadcast"] == ([0.0, 0.0] if rank == 0 else [1.5, 1.5])
+    assert r["grad_alltoall"] == ([1.0, 1.0, 2.0] if rank == 0 else [2.0, 3.0, 4.0, 3.0])
+    assert r["grad_reducescatter"] == [2.0, 4.0, 2.0, 4.0]
 
 
 def _check_rest(r: dict[str, Any], root_sd: dict[str, Any], root0: dict[str, Any]) -> None:

@@ -239,3 +239,19 @@ def test_every_public_name_is_exported() -> None:
                  "cuda_built", "rocm_built", "ddl_built", "ccl_built", "start_timeline",
                  "stop_timeline"):
         assert name in hvd.__all__ and callable(getattr(hvd, name)), name
+
+
+def test_gradients_in_one_process(session: None) -> None:
+    scalar = torch.tensor(2.0, requires_grad=True)
+    (hvd.allgather(scalar) * 3).sum().backward()
+    assert scalar.grad is not None and scalar.grad.shape == () and scalar.grad.item() == 3.0
+    rows = torch.ones(3, 2, requires_grad=True)
+    out, _ = hvd.alltoall(rows, splits=[2])
+    (out * 5).sum().backward()  # the row past the splits was not sent: zero gradient
+    assert rows.grad is not None and rows.grad.tolist() == [[5.0, 5.0], [5.0, 5.0], [0.0, 0.0]]
+    x = torch.ones(2, requires_grad=True)
+    hvd.broadcast(x, 0).sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [1.0, 1.0]
+    y = torch.ones(2, requires_grad=True)
+    (hvd.reducescatter(y, op=hvd.Sum, prescale_factor=2.0) * 1).sum().backward()
+    assert y.grad is not None and y.grad.tolist() == [2.0, 2.0]
