@@ -54,6 +54,7 @@ from .exchange import (
     join,
     reducescatter,
     reducescatter_async,
+    sparse_allreduce_async,
 )
 from .functions import (
     allgather_object,
@@ -141,6 +142,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -4,6 +4,11 @@ the synchronisation points ``barrier`` and ``join``.
 * ``allgather`` concatenates every rank's tensor along dim 0; first dimensions may differ
   (accel's :class:`~accel.distributed.Communicator` gather: one ``all_gather`` in the steady
   state, on every backend).
+* ``sparse_allreduce_async`` gathers the indices and values of sparse tensors (Horovod's
+  way); its handle is a function to call, as in Horovod.
+* ``allgather_async`` / ``grouped_allgather_async`` finish before they return (an uneven
+  gather may need a second round that depends on the first); ``alltoall_async`` exchanges the
+  split sizes before it returns and the rows in the background.
 * ``alltoall(tensor, splits=None)`` sends ``splits[i]`` rows to the set's i-th rank (equal parts
   without ``splits``) with ``all_to_all_single`` (gloo supports it, uneven splits included, in
   the torch versions accel supports); with ``splits`` it returns ``(output, received_splits)``,
@@ -31,7 +36,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,7 +51,8 @@ from .reduce_op import Average, Sum, name_of
 
 __all__ = ["allgather", "allgather_async", "alltoall", "alltoall_async", "barrier", "join",
            "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
-           "grouped_reducescatter_async", "reducescatter", "reducescatter_async"]
+           "grouped_reducescatter_async", "reducescatter", "reducescatter_async",
+           "sparse_allreduce_async"]
 
 _JOIN_KEY = "horovod.join_generation"
 
@@ -109,9 +115,29 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
     return _gather(list(tensors), process_set)
 
 
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: int,
+                           process_set: ProcessSet = global_process_set
+                           ) -> Callable[[], torch.Tensor]:
+    """Reduce a sparse COO tensor by gathering every rank's indices and values (Horovod's way:
+    ``Sum`` or ``Average``); returns a function that gives the (uncoalesced) result."""
+    if op not in (Average, Sum):
+        raise ValueError(f"hvd.sparse_allreduce_async(op={name_of(op)}): sparse tensors are "
+                         "reduced with hvd.Average or hvd.Sum only")
+    scope = scope_of(process_set)
+    indices, values = _gather([tensor._indices().t().contiguous(), tensor._values()],
+                              process_set)
+    if op == Average:
+        values = values / scope.size
+    result = torch.sparse_coo_tensor(indices.t(), values, tensor.shape, check_invariants=True)
+    return lambda: result
+
+
 # -- alltoall -------------------------------------------------------------------------------
 def _splits(tensor: torch.Tensor, splits: Any, scope: Scope) -> list[int]:
-    rows = tensor.shape[0] if tensor.dim() else 1
+    if tensor.dim() == 0:
+        raise ValueError("hvd.alltoall needs a tensor with at least one dimension (rows are "
+                         "sent along dim 0)")
+    rows = tensor.shape[0]
     if splits is None:
         if rows % scope.size:
             raise ValueError(f"hvd.alltoall: without splits, the first dimension ({rows}) must "

@@ -152,6 +152,13 @@ def _gathers(rank: int, out: dict[str, Any]) -> None:
     out["rs_grouped"] = [x.tolist() for x in hvd.grouped_reducescatter(
         [uneven, torch.ones(2, dtype=torch.int64)], op=hvd.Sum)]
     out["rs_async"] = hvd.synchronize(hvd.reducescatter_async(uneven)).tolist()
+    # sparse: indices and values gathered, the result is the sum (or the average)
+    dense = torch.zeros(3, 2)
+    dense[rank, 1] = rank + 1.0
+    dense[2, 0] = 10.0
+    for op in ("Sum", "Average"):
+        handle = hvd.sparse_allreduce_async(dense.to_sparse(), "s", getattr(hvd, op))
+        out[f"sparse_{op}"] = handle().to_dense().tolist()
     # gradients, with Horovod's conventions
     x = torch.ones(rank + 1, requires_grad=True)
     (hvd.allgather(x) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
@@ -302,6 +309,8 @@ def _check_gathers(r: dict[str, Any]) -> None:
     assert r["rs_uneven"] == (full[rows] / 2).tolist() and r["rs_async"] == r["rs_uneven"]
     assert r["rs_scaled"] == full[rows].tolist()
     assert r["rs_grouped"] == [full[rows].tolist(), [2]]
+    both = torch.tensor([[0.0, 1.0], [0.0, 2.0], [20.0, 0.0]])
+    assert r["sparse_Sum"] == both.tolist() and r["sparse_Average"] == (both / 2).tolist()
     assert r["grad_allgather"] == ([1.0] if rank == 0 else [2.0, 3.0])
     assert r["grad_broadcast"] == ([0.0, 0.0] if rank == 0 else [1.5, 1.5])
     assert r["grad_alltoall"] == ([1.0, 1.0, 2.0] if rank == 0 else [2.0, 3.0, 4.0, 3.0])

@@ -148,6 +148,12 @@ def test_bad_splits_and_params(session: None) -> None:
         hvd.alltoall(torch.arange(2), splits=[3])
     with pytest.raises(ValueError, match="must hold 1"):
         hvd.alltoall(torch.arange(2), splits=[1, 1])
+    with pytest.raises(ValueError, match="at least one dimension"):
+        hvd.alltoall(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="Average or hvd.Sum only"):
+        hvd.sparse_allreduce_async(torch.eye(2).to_sparse(), None, hvd.Max)
+    sparse = hvd.sparse_allreduce_async(torch.eye(2).to_sparse(), None, hvd.Average)()
+    assert sparse.is_sparse and sparse.to_dense().tolist() == [[1.0, 0.0], [0.0, 1.0]]
     with pytest.raises(ValueError, match="invalid params of type int"):
         hvd.broadcast_parameters(3, root_rank=0)
     with pytest.raises(ValueError, match="str is not a tensor"):
@@ -237,7 +243,7 @@ def test_every_public_name_is_exported() -> None:
                  "broadcast_optimizer_state", "mpi_built", "mpi_enabled",
                  "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
                  "cuda_built", "rocm_built", "ddl_built", "ccl_built", "start_timeline",
-                 "stop_timeline"):
+                 "stop_timeline", "sparse_allreduce_async"):
         assert name in hvd.__all__ and callable(getattr(hvd, name)), name
 
 
