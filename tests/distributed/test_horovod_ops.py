@@ -226,6 +226,23 @@ def _parameters(rank: int, out: dict[str, Any]) -> None:
         sgd.step()
     hvd.broadcast_optimizer_state(sgd, root_rank=0)
     out["sgd_state_len"] = len(sgd.state)
+    # L-BFGS (nested state: lists of tensors, ints) is sent too (Horovod refuses it)
+    lin = torch.nn.Linear(2, 1)
+    lbfgs = torch.optim.LBFGS(lin.parameters(), lr=0.5, history_size=3)
+    if rank == 0:
+        data = torch.randn(8, 2)
+
+        def closure() -> torch.Tensor:
+            lbfgs.zero_grad()
+            loss = lin(data).pow(2).mean()
+            loss.backward()
+            return loss
+
+        lbfgs.step(closure)
+    hvd.broadcast_optimizer_state(lbfgs, root_rank=0)
+    state = next(iter(lbfgs.state.values()))
+    out["lbfgs"] = (state["func_evals"], state["n_iter"], len(state["old_dirs"]),
+                    [t.tolist() for t in state["old_dirs"]], state["d"].tolist())
 
 
 def _pair_worker(rank: int) -> dict[str, Any]:
@@ -329,6 +346,7 @@ def _check_rest(r: dict[str, Any], root_sd: dict[str, Any], root0: dict[str, Any
     assert r["adam_state"] == root0["adam_state"]
     assert r["adam_state"]["0.step"] == 2.0
     assert r["sgd_state_len"] == 0
+    assert r["lbfgs"] == root0["lbfgs"] and r["lbfgs"][0] > 1
 
 
 def test_horovod_ops_two_processes() -> None:
