@@ -21,7 +21,7 @@ from ._session import Session, current
 from .process_sets import ProcessSet, group_of
 from .reduce_op import Average, Max, Min, Product, Sum, name_of
 
-__all__ = ["Scope", "resolve_op", "scale_", "scope_of", "torch_op"]
+__all__ = ["Scope", "needs_grad", "on_wire", "resolve_op", "scale_", "scope_of", "torch_op"]
 
 _TORCH_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
               Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
@@ -113,6 +113,11 @@ def scale_(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     else:  # integers: through float64, then truncated toward zero (a C cast)
         tensor.copy_(tensor.to(torch.float64).mul_(factor))
     return tensor
+
+
+def needs_grad(tensor: torch.Tensor) -> bool:
+    """Whether a differentiable collective must record a graph for ``tensor``."""
+    return tensor.requires_grad and torch.is_grad_enabled()
 
 
 def on_wire(tensor: torch.Tensor, wire: torch.device, copy: bool) -> torch.Tensor:

@@ -65,7 +65,7 @@ def gloo_enabled() -> bool:
 
 def nccl_built() -> int:
     """NCCL's version code when torch has NCCL (major*10000 + minor*100 + patch), else 0."""
-    if not (dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available()):
+    if not (dist.is_available() and dist.is_nccl_available()):
         return 0
     version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
     if isinstance(version, int):

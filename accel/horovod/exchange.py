@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._plumbing import Scope, on_wire, scale_, scope_of
+from ._plumbing import Scope, needs_grad, on_wire, scale_, scope_of
 from .compression import Compression, Compressor
 from .handles import submit, synchronize
 from .ops import allreduce
@@ -98,6 +98,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     """Every rank's ``tensor`` concatenated along dim 0, in rank order (dim 0 may differ).
 
     Differentiable as in Horovod (see :class:`_Allgather`)."""
+    if not needs_grad(tensor):
+        return _gather([tensor], process_set)[0]
     result: torch.Tensor = _Allgather.apply(tensor, process_set)  # type: ignore[no-untyped-call]
     return result
 
@@ -202,8 +204,11 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
     the number of rows received from each rank (Horovod's ``(output, received_splits)``).
     Differentiable with respect to ``tensor``.
     """
-    output, received = _Alltoall.apply(  # type: ignore[no-untyped-call]
-        tensor, splits, process_set)
+    if needs_grad(tensor):
+        output, received = _Alltoall.apply(  # type: ignore[no-untyped-call]
+            tensor, splits, process_set)
+    else:
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
     return output if splits is None else (output, received)
 
 
@@ -290,8 +295,12 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
     """Reduce ``tensor`` over the set and return this rank's block of rows (differentiable
     as in Horovod, see :class:`_Reducescatter`)."""
     sent, ctx = compression.compress(tensor)
-    out = _Reducescatter.apply(  # type: ignore[no-untyped-call]
-        sent, op, process_set, prescale_factor, postscale_factor)
+    if needs_grad(sent):
+        out = _Reducescatter.apply(  # type: ignore[no-untyped-call]
+            sent, op, process_set, prescale_factor, postscale_factor)
+    else:
+        out = synchronize(_reducescatter_async([sent], op, process_set, prescale_factor,
+                                               postscale_factor, True))
     return compression.decompress(out, ctx)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._plumbing import Scope, on_wire, resolve_op, scale_, scope_of, torch_op
+from ._plumbing import Scope, needs_grad, on_wire, resolve_op, scale_, scope_of, torch_op
 from .adasum import adasum_reduce
 from .compression import Compression, Compressor
 from .handles import submit, synchronize
@@ -152,8 +152,12 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """
     op = resolve_op(op, average, "allreduce")
     sent, ctx = compression.compress(tensor)
-    result = _Allreduce.apply(  # type: ignore[no-untyped-call]
-        sent, op, prescale_factor, postscale_factor, process_set)
+    if needs_grad(sent):
+        result = _Allreduce.apply(  # type: ignore[no-untyped-call]
+            sent, op, prescale_factor, postscale_factor, process_set)
+    else:  # no graph to record: skip autograd's bookkeeping (a metric average, a buffer)
+        result = synchronize(_reduce_async([sent], op, prescale_factor, postscale_factor,
+                                           process_set, False, "allreduce", single=True))
     return compression.decompress(result, ctx)
 
 
@@ -264,6 +268,13 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
                                            "broadcast_async_", single=True)
 
 
+def _broadcast_copy(tensor: torch.Tensor, root_rank: int,
+                    process_set: ProcessSet) -> torch.Tensor:
+    result: torch.Tensor = synchronize(broadcast_tensors_async(
+        [tensor], root_rank, scope_of(process_set), False, "broadcast", single=True))
+    return result
+
+
 class _Broadcast(torch.autograd.Function):
     """Differentiable broadcast; the gradient is Horovod's: averaged over the set, kept on the
     root and zero elsewhere."""
@@ -272,9 +283,7 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (root_rank, process_set)
-        result: torch.Tensor = synchronize(broadcast_tensors_async(
-            [tensor], root_rank, scope_of(process_set), False, "broadcast", single=True))
-        return result
+        return _broadcast_copy(tensor, root_rank, process_set)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
@@ -290,9 +299,11 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     """``root_rank``'s ``tensor`` (a global rank in the set), as a new tensor on every rank.
 
     Differentiable as in Horovod (see :class:`_Broadcast`)."""
-    result: torch.Tensor = _Broadcast.apply(  # type: ignore[no-untyped-call]
-        tensor, root_rank, process_set)
-    return result
+    if needs_grad(tensor):
+        result: torch.Tensor = _Broadcast.apply(  # type: ignore[no-untyped-call]
+            tensor, root_rank, process_set)
+        return result
+    return _broadcast_copy(tensor, root_rank, process_set)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
