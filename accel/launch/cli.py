@@ -83,8 +83,6 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "main_process_ip", metavar="IP", help="address of machine rank 0 (multi-node)")
     _flag(p, "main_process_port", type=_port, metavar="PORT",
           help="rendezvous port on machine rank 0 (multi-node; single node: a free port)")
-    _flag(p, "ips", metavar="IP1,IP2", help="Paddle-style machine list: sets --num_machines, "
-          "--main_process_ip (the first) and --machine_rank (this machine's position)")
     p.add_argument("--cpu", dest="device", action="store_const", const="cpu", default=None,
                    help="run on the CPU with gloo even if GPUs are visible")
     _switch(p, "multi_gpu", "one process per GPU (Accelerate's flag; the default when 2+ GPUs "
@@ -119,6 +117,7 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _switch(p, "dynamo_use_fullgraph", "compile the whole model as one graph")
     _switch(p, "dynamo_use_dynamic", "trace dynamic shapes")
     _switch(p, "dynamo_use_regional_compilation", "compile repeated blocks once each")
+    _add_horovod_paddle_args(p.add_argument_group("horovodrun / Paddle fleetrun spellings"))
     _add_fsdp_args(p.add_argument_group("FSDP2 (Accelerate's flags; values as `accelerate "
                                         "launch` takes them)"))
     _flag(p, "mpirun_hostfile", metavar="PATH", help="start CPU workers with mpirun (Open MPI, "
@@ -135,6 +134,19 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("script", metavar="script.py", nargs="?",
                    help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+
+
+def _add_horovod_paddle_args(p: Any) -> None:
+    p.add_argument("-np", dest="np", type=_positive, metavar="N", default=None,
+                   help="horovodrun's spelling of -n/--num_processes (the total)")
+    _flag(p, "hosts", "-H", metavar="HOST:N,...", help="horovodrun's host list, e.g. "
+          "node1:4,node2:4 (N processes on each; the first host runs rank 0 and the "
+          "rendezvous): sets the machines, this machine's rank and -np")
+    _flag(p, "hostfile", metavar="PATH", help="horovodrun's host file: one 'host slots=N' "
+          "(or host:N) line per machine, # comments; as -H")
+    _flag(p, "gpus", metavar="IDS", help="fleetrun's spelling of --gpu_ids")
+    _flag(p, "ips", metavar="IP1,IP2", help="Paddle-style machine list: sets --num_machines, "
+          "--main_process_ip (the first) and --machine_rank (this machine's position)")
 
 
 def _add_fsdp_args(p: Any) -> None:
