@@ -238,21 +238,7 @@ def _locate_config(flag: str | None) -> tuple[ConfigFile | None, str]:
     return None, f"none (no file at {path})"
 
 
-def _is_local_address(ip: str) -> bool:
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(ip, None, type=socket.SOCK_DGRAM)
-    except OSError:
-        return False
-    for family, kind, proto, _, address in infos:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.bind((address[0], 0))  # only an address of this machine can be bound
-                return True
-        except OSError:
-            continue
-    return False
+_is_local_address = core.is_local_address
 
 
 def _free_port() -> int:

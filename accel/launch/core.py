@@ -46,6 +46,7 @@ __all__ = [
     "exposed_port_warning",
     "extract_failures",
     "gpu_count",
+    "is_local_address",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -59,6 +60,29 @@ def gpu_count() -> int:
     from ..device.cuda import CUDADevice
 
     return CUDADevice.count()
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine: one of its addresses binds.
+
+    Example:
+        >>> is_local_address("127.0.0.1"), is_local_address("192.0.2.77")
+        (True, False)
+    """
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.bind((address[0], 0))  # only an address of this machine can be bound
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def default_threads(cpu_count: int, processes_per_node: int) -> int:
