@@ -105,9 +105,7 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _switch(p, "same_network", "accepted for Accelerate's sake; accel's multi-node rendezvous "
             "is the same either way")
     _flag(p, "role", metavar="NAME", help="torchrun's --role: a label of the workers")
-    _flag(p, "tee", "-t", metavar="STD", help="copy worker stdout/stderr to --log_dir "
-          "(torchrun's --tee: 1 stdout, 2 stderr, 3 both)")
-    _flag(p, "log_dir", metavar="DIR", help="directory for worker logs and error files")
+    _add_log_args(p)
     _switch(p, "enable_cpu_affinity", "bind each GPU worker to the CPUs of its GPU's NUMA "
             "node (torchrun's --numa-binding node)")
     _flag(p, "dynamo_backend", metavar="BACKEND", help="torch.compile backend for the workers "
@@ -134,6 +132,15 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("script", metavar="script.py", nargs="?",
                    help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+
+
+def _add_log_args(p: Any) -> None:
+    _flag(p, "tee", "-t", metavar="STD", help="copy worker stdout/stderr to --log_dir "
+          "(torchrun's --tee: 1 stdout, 2 stderr, 3 both)")
+    _flag(p, "log_dir", metavar="DIR", help="directory for worker logs: DIR/workerlog.<rank> "
+          "(stdout) and DIR/workerlog.<rank>.err (stderr) link to torchrun's files under "
+          "DIR/<run id>_*/attempt_<n>/<local rank>/; the console still shows the output "
+          "(--tee 3 unless --tee is given)")
 
 
 def _add_horovod_paddle_args(p: Any) -> None:

@@ -114,6 +114,8 @@ class WorkerSpec:
             the user chose).
         use_fsdp, fsdp: ``ACCEL_USE_FSDP`` and the ``EnvSettings`` ``fsdp_*`` /
             ``parallelism_config_*`` fields the user chose (``ACCEL_FSDP_*``, ...).
+        rank_log_dir: ``accel launch --log_dir``: the workers link their log files there as
+            ``workerlog.<rank>`` (made absolute: workers may change directory).
     """
 
     device: str
@@ -128,6 +130,7 @@ class WorkerSpec:
     dynamo: Mapping[str, Any] = field(default_factory=dict)
     use_fsdp: bool = False
     fsdp: Mapping[str, Any] = field(default_factory=dict)
+    rank_log_dir: str | None = None
 
     def environment(self) -> dict[str, str]:
         """The variables to export to the workers."""
@@ -137,8 +140,10 @@ class WorkerSpec:
             config_file=os.path.abspath(self.config_file) if self.config_file else None,
             launched=True, num_threads=self.num_threads, **self.dynamo,
             use_fsdp=self.use_fsdp, **self.fsdp)
+        logs = os.path.abspath(self.rank_log_dir) if self.rank_log_dir else None
         return worker_environment(settings, cuda_visible_devices=self.cuda_visible_devices,
-                                  layout=self.layout, fresh_rdzv_store=self.fresh_rdzv_store)
+                                  layout=self.layout, fresh_rdzv_store=self.fresh_rdzv_store,
+                                  rank_log_dir=logs)
 
 
 def endpoint(host: str, port: int) -> str:

@@ -517,9 +517,9 @@ def resolve_settings(
 _TABLE = ("num_processes", "hosts", "num_machines", "machine_rank", "main_process_ip",
           "main_process_port", "device", "gpu_ids", "mixed_precision",
           "gradient_accumulation_steps", "num_cpu_threads_per_process", "max_restarts",
-          "rdzv_backend", "debug", "enable_cpu_affinity", "mpirun_hostfile")
+          "rdzv_backend", "log_dir", "debug", "enable_cpu_affinity", "mpirun_hostfile")
 #: Rows shown only when the user set them.
-_IF_GIVEN = ("enable_cpu_affinity", "mpirun_hostfile", "hosts")
+_IF_GIVEN = ("enable_cpu_affinity", "mpirun_hostfile", "hosts", "log_dir")
 
 
 def settings_table(settings: LaunchSettings, config_note: str | None = None) -> str:

@@ -1,13 +1,17 @@
 """horovodrun's and Paddle's ``accel launch`` spellings: ``-np``, ``-H``/``--hosts``,
 ``--hostfile``, ``--gpus``: parsing, Horovod's placement rules, the mapping onto machines, rank
-and rendezvous, the torchrun argv and the settings table's sources."""
+and rendezvous, the torchrun argv and the settings table's sources; ``--log_dir``'s per-rank
+files."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
+from accel.launch.bootstrap import link_rank_logs
 from accel.launch.errors import CLIError
 from accel.launch.hosts import Host, assign, host_layout, parse_hosts, read_hostfile
 from accel.launch.settings import settings_table
@@ -159,3 +163,41 @@ def test_gpus_is_gpu_ids() -> None:
     assert s.warnings == ("gpu_ids 0,1 (flag --gpus) is ignored: the device is cpu",)
     with pytest.raises(CLIError, match=r"--gpus 0 contradicts --gpu_ids 1"):
         settings(["--gpus", "0", "--gpu_ids", "1", "t.py"], gpus=2)
+
+
+# ---------------------------------------------------------------- --log_dir per rank
+def test_log_dir_tees_both_streams_and_tells_the_workers_where_to_link(tmp_path: Path) -> None:
+    got = argv("--cpu", "-n", "2", "--log_dir", "logs", "t.py")
+    assert got[got.index("--tee"):got.index("--tee") + 4] == ["--tee", "3", "--log-dir", "logs"]
+    explicit = argv("--cpu", "-n", "2", "--tee", "1", "--log_dir", "logs", "t.py")
+    assert explicit[explicit.index("--tee") + 1] == "1"
+    assert "--tee" not in argv("--cpu", "-n", "2", "t.py")
+    s = settings(["--cpu", "-n", "2", "--log_dir", "logs", "t.py"])
+    assert worker_env(s)["ACCEL_RANK_LOG_DIR"] == os.path.abspath("logs")
+    assert "ACCEL_RANK_LOG_DIR" not in worker_env(settings(["--cpu", "t.py"]))
+    assert re.search(r"log_dir\s+logs\s+flag --log_dir", settings_table(s))
+
+
+def test_workers_link_their_torchrun_logs_under_paddles_names(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    rank_dir = logs / "RID_x" / "attempt_0" / "1"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "stdout.log").write_text("out of rank 3\n")
+    env = {"ACCEL_RANK_LOG_DIR": str(logs), "RANK": "3",
+           "TORCHELASTIC_ERROR_FILE": str(rank_dir / "error.json")}
+    assert link_rank_logs(env) == [str(logs / "workerlog.3")]  # stderr not teed: no link
+    assert (logs / "workerlog.3").read_text() == "out of rank 3\n"
+    assert os.readlink(logs / "workerlog.3") == os.path.join("RID_x", "attempt_0", "1",
+                                                             "stdout.log")
+    # A restart's attempt replaces the links, now with stderr too.
+    again = logs / "RID_x" / "attempt_1" / "1"
+    again.mkdir(parents=True)
+    (again / "stdout.log").write_text("second attempt\n")
+    (again / "stderr.log").write_text("errors\n")
+    env["TORCHELASTIC_ERROR_FILE"] = str(again / "error.json")
+    assert link_rank_logs(env) == [str(logs / "workerlog.3"), str(logs / "workerlog.3.err")]
+    assert (logs / "workerlog.3").read_text() == "second attempt\n"
+    assert (logs / "workerlog.3.err").read_text() == "errors\n"
+    assert sorted(os.listdir(logs)) == ["RID_x", "workerlog.3", "workerlog.3.err"]
+    # Outside accel launch --log_dir nothing is linked.
+    assert link_rank_logs({k: v for k, v in env.items() if k != "ACCEL_RANK_LOG_DIR"}) == []
