@@ -38,6 +38,7 @@ machines (Accelerate's meaning). Config file: --config_file, else $ACCEL_CONFIG_
   accel launch -m mypackage.train
   accel launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 \\
       --main_process_port 29500 train.py
+  accel launch -np 8 -H node1:4,node2:4 train.py    (horovodrun's flags; on each host)
 """
 
 

@@ -5,9 +5,8 @@ Built on torchrun's elastic agent (``torch.distributed.launcher.api.elastic_laun
 uses a fresh rendezvous (a c10d store on a free port), so it can be called again in the same
 kernel, also after a failure.
 
-Paddle users: ``paddle.distributed.spawn(fn, args, nprocs=4, selected_gpus="0,1,2,3")`` maps to
-``notebook_launcher(fn, args, num_processes=4, gpu_ids="0,1,2,3")``; ``spawn`` returns a context
-to join, ``notebook_launcher`` blocks and returns rank 0's return value.
+Paddle users: ``accel.spawn`` (``accel.launch.spawning``) is ``paddle.distributed.spawn`` on this
+machinery; ``notebook_launcher`` blocks and returns rank 0's return value instead of a context.
 
 Example:
     >>> def train(lr):

@@ -239,8 +239,14 @@ def _machines(src: _Sources, flags: Mapping[str, Any], is_local: Callable[[str],
 
 def _machines_of_hosts(src: _Sources, flags: Mapping[str, Any],
                        layout: HostLayout) -> tuple[int, int, str | None]:
-    ip = layout.main_host if layout.num_machines > 1 else None
-    for name, value in (("num_machines", layout.num_machines), ("main_process_ip", ip)):
+    if layout.num_machines > 1:
+        ip: str | None = layout.main_host
+        checked: tuple[tuple[str, Any], ...] = (("num_machines", layout.num_machines),
+                                                 ("main_process_ip", ip))
+    else:  # one machine: the rendezvous stays on it (loopback unless --main_process_ip)
+        ip = src.get("main_process_ip", _stripped, None)
+        checked = (("num_machines", 1),)
+    for name, value in checked:
         given = flags.get(name)
         if given is not None and str(given) != str(value):
             raise CLIError(f"--{name} {given} contradicts {layout.source} (which implies "

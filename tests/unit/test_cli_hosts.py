@@ -119,6 +119,14 @@ def test_one_host_is_a_single_machine_job_on_the_loopback() -> None:
         argv("-n", "2", "--cpu", "t.py")
     s = settings(["-np", "2", "-H", "localhost:2", "t.py"], local=("localhost",))
     assert (s.num_machines, s.main_process_ip, s.hosts) == (1, "127.0.0.1", "localhost:2")
+    s = settings(["-H", "localhost:2", "--main_process_ip", "127.0.0.9", "t.py"],
+                 local=("localhost",))
+    assert (s.main_process_ip, s.sources["main_process_ip"]) == (
+        "127.0.0.9", "flag --main_process_ip")
+    with pytest.raises(CLIError, match=r"--main_process_ip 10.0.0.8 contradicts flag -H \(which "
+                       r"implies 10.0.0.9\); drop --main_process_ip"):
+        settings(["-H", "10.0.0.9:1,localhost:1", "--main_process_ip", "10.0.0.8", "t.py"],
+                 local=("localhost",))
 
 
 def test_hostfile_is_read_and_named_as_the_source(tmp_path: Path) -> None:
