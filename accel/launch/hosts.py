@@ -3,7 +3,9 @@
 A host list names the machines of a job and how many processes ("slots") each may run. It
 maps onto accel's multi-machine settings: the machines that get processes, this machine's rank
 among them (found by asking which listed address belongs to this machine, as ``--ips`` does),
-the rendezvous address (the first host) and the processes to start here.
+the rendezvous address (the first host) and the processes to start here. Unlike horovodrun,
+accel does not log in to the other hosts: run the same ``accel launch -np N -H ...`` on each
+(or use ``mpirun``, which accel's workers understand unchanged).
 
 Horovod's rules for the total (``-np``): it may not exceed the slots of all hosts; a smaller
 total fills the hosts in the order listed, so later hosts may get fewer processes or none
