@@ -284,6 +284,8 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_NUM_MACHINES", "machines requested (internal)", documented=False),
     AccelVariable("ACCEL_AGENT_PID", "pid of the launcher's agent; workers die with it "
                   "(internal)", documented=False),
+    AccelVariable("ACCEL_RANK_LOG_DIR", "`accel launch --log_dir`: where each worker links "
+                  "its log files as workerlog.<rank> (internal)", documented=False),
 )
 
 #: Variables ``accel launch`` sets for its workers, and what they mean. Documented in README.
