@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "save": "accel.checkpoint",
     "set_seed": "accel.utils",
     "skip_first_batches": "accel.data",
+    "spawn": "accel.launch.spawning",
     "synchronize_rng_states": "accel.utils",
     "tqdm": "accel.progress",
 }
@@ -92,6 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .fsdp_config import ParallelismConfig as ParallelismConfig
     from .launch.notebook import debug_launcher as debug_launcher
     from .launch.notebook import notebook_launcher as notebook_launcher
+    from .launch.spawning import spawn as spawn
     from .logging import get_logger as get_logger
     from .memory import find_executable_batch_size as find_executable_batch_size
     from .memory import free_memory as free_memory

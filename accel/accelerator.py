@@ -63,9 +63,11 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
 
     Arguments and properties follow Hugging Face Accelerate's names; ``dynamo_backend`` (e.g.
     ``"inductor"``) or ``dynamo_plugin=TorchDynamoPlugin(...)`` makes ``prepare()`` compile
-    models with ``torch.compile``. Settings resolve as:
-    constructor argument > ``ACCEL_*`` variables (from ``accel launch``) > default; see
-    :mod:`accel.connector`. The object itself only delegates: to the runtime built by
+    models with ``torch.compile``. ``sync_batchnorm="global"`` (or True) makes ``prepare()``
+    turn BatchNorm layers into SyncBatchNorm over all processes, ``"node"`` over the processes
+    of each machine (also on CPU); None: ``ACCEL_SYNC_BATCHNORM``, else left alone. Settings
+    resolve as: constructor argument > ``ACCEL_*`` variables (from ``accel launch``) > default;
+    see :mod:`accel.connector`. The object itself only delegates: to the runtime built by
     ``connect`` (communicator, precision, strategy), to the run state (what was prepared), and
     to the collaborators below.
     """
@@ -86,7 +88,7 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[KwargsHandler] | None = None,
         timeout: float | timedelta | None = None,
-        sync_batchnorm: bool = False,
+        sync_batchnorm: bool | str | None = None,
         dynamo_backend: DynamoBackend | str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
@@ -162,8 +164,10 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         return self._options.device_placement
 
     @property
-    def sync_batchnorm(self) -> bool:
-        return self._options.sync_batchnorm
+    def sync_batchnorm(self) -> bool | str:
+        """``"global"`` or ``"node"``: prepare() turns BatchNorm layers into SyncBatchNorm over
+        all processes or over each machine's; False: they are left alone."""
+        return self._options.sync_batchnorm or False
 
     @property
     def timeout(self) -> timedelta:

@@ -52,7 +52,9 @@ from .distributed import (
     start_process_group,
 )
 from .distributed.attendance import Attendance
+from .distributed.batchnorm import BatchNormSync, parse_mode
 from .distributed.debug import consistency_check
+from .distributed.nodes import node_group
 from .distributed.stall import CollectiveMonitor
 from .dynamo import DynamoBackend, TorchDynamoPlugin
 from .fsdp_config import (
@@ -70,7 +72,7 @@ from .tracking import check_log_with
 
 __all__ = ["Arguments", "Handlers", "Options", "ProcessSetup", "Runtime", "UNSUPPORTED_ARGUMENTS",
            "connect", "connect_process", "resolve_dynamo", "resolve_precision", "resolve_sharding",
-           "sort_handlers"]
+           "resolve_sync_batchnorm", "sort_handlers"]
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
 UNSUPPORTED_ARGUMENTS = {
@@ -108,7 +110,7 @@ class Arguments:
     step_scheduler_with_optimizer: bool = True
     kwargs_handlers: list[KwargsHandler] | None = None
     timeout: float | timedelta | None = None
-    sync_batchnorm: bool = False
+    sync_batchnorm: bool | str | None = None
     dynamo_backend: DynamoBackend | str | None = None
     dynamo_plugin: TorchDynamoPlugin | None = None
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
@@ -138,7 +140,8 @@ class Options:
     rng_types: list[str]
     log_with: Any
     step_scheduler_with_optimizer: bool
-    sync_batchnorm: bool
+    #: "global", "node" or None (BatchNorm layers left alone)
+    sync_batchnorm: str | None
     autocast: AutocastKwargs
     dynamo_plugin: TorchDynamoPlugin
     #: FSDP2 settings (None: data parallelism with DDP) and the device mesh of a sharded run
@@ -173,6 +176,9 @@ class Runtime:
     #: who takes part in save_state (None at world size 1 or without a store); with a strategy
     #: whose state is sharded (FSDP), a save_state on the main process alone is refused at once
     attendance: Attendance | None = None
+    #: what prepare() does to BatchNorm layers (None: nothing); in "node" mode it holds this
+    #: rank's node group, created once here (collectively) and owned by this runtime
+    batchnorm: BatchNormSync | None = None
 
     @property
     def timeout(self) -> timedelta:
@@ -244,7 +250,14 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
     attendance = Attendance(monitor, timeout=group.timeout) \
         if ctx.is_distributed and monitor.store is not None else None
     return Runtime(settings, info, process.hardware, ctx, group, monitor, comm, precision,
-                   strategy, attendance)
+                   strategy, attendance, _batchnorm_sync(options.sync_batchnorm, ctx))
+
+
+def _batchnorm_sync(mode: str | None, ctx: ProcessContext) -> BatchNormSync | None:
+    """The mode and group of SyncBatchNorm; "node" creates the node groups (collective)."""
+    if mode is None:
+        return None
+    return BatchNormSync(mode, node_group(ctx) if mode == "node" else None)
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -299,7 +312,7 @@ def _resolve_options(args: Arguments, settings: env.EnvSettings, handlers: Handl
         rng_types=list(args.rng_types or []),
         log_with=args.log_with,
         step_scheduler_with_optimizer=args.step_scheduler_with_optimizer,
-        sync_batchnorm=bool(args.sync_batchnorm),
+        sync_batchnorm=resolve_sync_batchnorm(args.sync_batchnorm, settings),
         autocast=handlers.autocast or AutocastKwargs(),
         dynamo_plugin=resolve_dynamo(args.dynamo_backend, args.dynamo_plugin),
         **resolve_sharding(args.fsdp_plugin, args.parallelism_config, settings),
@@ -393,6 +406,26 @@ def _disagree(name: str, ctor: Any, env_name: str, env_value: Any, depth: int = 
     # depth: frames from here up to the user's Accelerator(...) call
     warnings.warn(f"Accelerator({name}={ctor!r}) overrides {env_name}={env_value!r} set by "
                   f"`accel launch`; using {ctor!r}", stacklevel=depth)
+
+
+def resolve_sync_batchnorm(ctor: bool | str | None, settings: env.EnvSettings) -> str | None:
+    """The SyncBatchNorm mode: ``ctor`` > ``ACCEL_SYNC_BATCHNORM`` > off (None).
+
+    Example:
+        >>> resolve_sync_batchnorm(None, env.EnvSettings(sync_batchnorm="node"))
+        'node'
+        >>> resolve_sync_batchnorm(True, env.EnvSettings()), resolve_sync_batchnorm(False,
+        ...     env.EnvSettings())
+        ('global', None)
+    """
+    from_env = settings.sync_batchnorm  # "global" | "node" | "off" | None (unset)
+    env_mode = None if from_env in (None, "off") else from_env
+    if ctor is None:
+        return env_mode
+    chosen = parse_mode(ctor, "Accelerator(sync_batchnorm=...)")
+    if from_env is not None and env_mode != chosen:
+        _disagree("sync_batchnorm", chosen or False, "ACCEL_SYNC_BATCHNORM", from_env, depth=5)
+    return chosen
 
 
 def resolve_precision(ctor: str | PrecisionType | None, settings: env.EnvSettings

@@ -28,6 +28,7 @@ from .config import DataLoaderConfiguration
 from .connector import Options, Runtime
 from .data import PreparedDataLoader, prepare_data_loader
 from .distributed import Communicator
+from .distributed.batchnorm import BatchNormSync
 from .dynamo import (
     TorchDynamoPlugin,
     compile_model,
@@ -99,7 +100,8 @@ class Preparer:
     run: RunState
     dataloader_config: DataLoaderConfiguration
     step_scheduler_with_optimizer: bool = True
-    sync_batchnorm: bool = False
+    #: what happens to BatchNorm layers of trained models (None: nothing)
+    sync_batchnorm: BatchNormSync | None = None
     #: the device's per-batch hook for placed loaders (``Device.batch_hook()``)
     after_batch: Callable[[], None] | None = None
     #: how models are compiled (None, or backend "no": not compiled)
@@ -110,7 +112,7 @@ class Preparer:
         """The preparer of an Accelerator: its runtime's collaborators, its options, its run."""
         return cls(runtime.comm, runtime.precision, runtime.strategy, run,
                    options.dataloader_config, options.step_scheduler_with_optimizer,
-                   options.sync_batchnorm, runtime.hardware.batch_hook(), options.dynamo_plugin,
+                   runtime.batchnorm, runtime.hardware.batch_hook(), options.dynamo_plugin,
                    runtime.monitor.mark)
     #: called for every batch of every prepared loader (the collective monitor's progress mark)
     progress: Callable[[], None] | None = None

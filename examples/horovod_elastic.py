@@ -22,7 +22,6 @@ from torch import nn, optim
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel.horovod as hvd
-from accel.horovod._session import current
 
 parser = argparse.ArgumentParser(description="Elastic Horovod-style training on accel")
 parser.add_argument("--batch-size", type=int, default=32, help="input batch size per worker")
@@ -81,12 +80,14 @@ def average_gradients() -> None:
     # Horovod's example wraps the optimizer in hvd.DistributedOptimizer; this is what it does
     # (without the overlap with backward): average every gradient over the workers.
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    for grad, mean in zip(grads, current().comm.reduce(grads, "mean"), strict=True):
+    for grad, mean in zip(grads, hvd.grouped_allreduce(grads, op=hvd.Average), strict=True):
         grad.copy_(mean)
 
 
-def metric_average(value: float) -> float:
-    return float(current().comm.reduce(torch.tensor(value), "mean"))
+def metric_average(val: float, name: str) -> float:
+    tensor = torch.tensor(val)
+    avg_tensor = hvd.allreduce(tensor, name=name)
+    return avg_tensor.item()
 
 
 @hvd.elastic.run
@@ -122,8 +123,8 @@ def test() -> None:
             test_loss += F.nll_loss(output, target, reduction="sum").item()
             test_accuracy += output.argmax(1).eq(target).float().sum().item()
     # Horovod: average metric values across workers.
-    test_loss = metric_average(test_loss / len(test_sampler))
-    test_accuracy = metric_average(test_accuracy / len(test_sampler))
+    test_loss = metric_average(test_loss / len(test_sampler), "avg_loss")
+    test_accuracy = metric_average(test_accuracy / len(test_sampler), "avg_accuracy")
     if hvd.rank() == 0:
         print(f"\nTest set: Average loss: {test_loss:.4f}, Accuracy: {100.0 * test_accuracy:.2f}%")
 

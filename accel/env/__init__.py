@@ -34,6 +34,7 @@ from .process import (
     log_level,
     mlflow_variables,
     pjrt_device,
+    rank_log_dir,
     requested_layout,
     worker_environment,
     worker_ranks,
@@ -48,6 +49,7 @@ from .settings import (
     launch_setting_source,
     read_settings,
     settings_environment,
+    sync_batchnorm_mode,
 )
 
 __all__ = [
@@ -79,8 +81,10 @@ __all__ = [
     "patched",
     "pjrt_device",
     "read_settings",
+    "rank_log_dir",
     "requested_layout",
     "settings_environment",
+    "sync_batchnorm_mode",
     "worker_environment",
     "worker_ranks",
 ]

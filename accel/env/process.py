@@ -142,6 +142,11 @@ def agent_pid(environ: Mapping[str, str] | None = None) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
+def rank_log_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """``ACCEL_RANK_LOG_DIR``: where ``accel launch --log_dir`` wants per-rank log links."""
+    return current(environ).get("ACCEL_RANK_LOG_DIR") or None
+
+
 def requested_layout(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     """``(ACCEL_NUM_PROCESSES, ACCEL_NUM_MACHINES)`` as ``accel launch`` set them, or None."""
     env = current(environ)
@@ -158,7 +163,8 @@ def formed_layout(environ: Mapping[str, str] | None = None) -> tuple[str, str] |
 
 def worker_environment(settings: EnvSettings, *, cuda_visible_devices: str | None = None,
                        layout: tuple[int, int] | None = None,
-                       fresh_rdzv_store: bool = False) -> dict[str, str]:
+                       fresh_rdzv_store: bool = False,
+                       rank_log_dir: str | None = None) -> dict[str, str]:
     """Variables a launcher exports to its workers (it applies them; nothing is set here).
 
     Args:
@@ -170,6 +176,8 @@ def worker_environment(settings: EnvSettings, *, cuda_visible_devices: str | Non
             rendezvous shares the agent's store with the workers and keeps it across restarts,
             so a restarted worker can read a dead peer's gloo/NCCL address and fail to connect
             (pytorch#135712). Read by the agent.
+        rank_log_dir: ``accel launch --log_dir`` (absolute): each worker links its torchrun
+            log files there under per-rank names (see ``accel.launch.bootstrap``).
     """
     env = {"ACCEL_LAUNCHED": "1"}
     if layout is not None:
@@ -181,6 +189,8 @@ def worker_environment(settings: EnvSettings, *, cuda_visible_devices: str | Non
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     if fresh_rdzv_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if rank_log_dir is not None:
+        env["ACCEL_RANK_LOG_DIR"] = rank_log_dir
     return env
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "launch_setting_source",
     "read_settings",
     "settings_environment",
+    "sync_batchnorm_mode",
 ]
 
 
@@ -82,6 +83,8 @@ class EnvSettings:
     fsdp_ignored_modules: str | None = None
     parallelism_config_dp_replicate_size: int | None = None
     parallelism_config_dp_shard_size: int | None = None
+    #: SyncBatchNorm mode for prepare(): "global", "node" or "off" (None: unset)
+    sync_batchnorm: str | None = None
     #: where ``hvd.elastic`` state commits are kept so that restarted workers find them
     #: (None: ``<temp dir>/accel-elastic``).
     elastic_dir: str | None = None
@@ -159,6 +162,33 @@ def _maybe_switch(environ: Mapping[str, str], name: str) -> bool | None:
     if environ.get(name, "").strip() == "":
         return None
     return _switch(environ, name)
+
+
+def sync_batchnorm_mode(raw: str, name: str = "ACCEL_SYNC_BATCHNORM") -> str | None:
+    """``global`` | ``node`` (``local`` is an alias) | a boolean (true: ``global``, false:
+    ``off``); None when empty.
+
+    Example:
+        >>> sync_batchnorm_mode("Local"), sync_batchnorm_mode("0"), sync_batchnorm_mode("")
+        ('node', 'off', None)
+    """
+    text = str(raw).strip().lower()
+    if text in ("", "global", "node"):
+        return text or None
+    if text == "local":
+        return "node"
+    try:
+        return "global" if parse_bool(text, name, empty=False) else "off"
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a SyncBatchNorm mode; use global, node or "
+                         "false") from None
+
+
+def _sync_batchnorm(environ: Mapping[str, str], name: str) -> str | None:
+    try:
+        return sync_batchnorm_mode(environ.get(name, ""), name)
+    except ValueError as exc:
+        raise LaunchEnvironmentError(f"{exc} (or unset it)") from None
 
 
 def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str], str], str | None]:
@@ -244,6 +274,10 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                     f"parallelism_config_{name}", _positive, f"parallelism_config_{name}")
       for name, text in (("dp_replicate_size", "replicated groups (HSDP)"),
                          ("dp_shard_size", "processes that shard the model in each group"))),
+    AccelVariable("ACCEL_SYNC_BATCHNORM", "global | node | false: prepare() turns BatchNorm "
+                  "layers into SyncBatchNorm over all processes or over each machine's "
+                  "(Accelerator(sync_batchnorm=...))", "sync_batchnorm", _sync_batchnorm,
+                  "sync_batchnorm"),
     AccelVariable("ACCEL_ELASTIC_DIR", "directory where hvd.elastic commits are kept for "
                   "restarted workers (default: <temp dir>/accel-elastic)", "elastic_dir", _text),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
@@ -255,6 +289,8 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_NUM_MACHINES", "machines requested (internal)", documented=False),
     AccelVariable("ACCEL_AGENT_PID", "pid of the launcher's agent; workers die with it "
                   "(internal)", documented=False),
+    AccelVariable("ACCEL_RANK_LOG_DIR", "`accel launch --log_dir`: where each worker links "
+                  "its log files as workerlog.<rank> (internal)", documented=False),
 )
 
 #: Variables ``accel launch`` sets for its workers, and what they mean. Documented in README.

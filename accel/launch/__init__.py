@@ -1,4 +1,5 @@
-"""Starting jobs: the ``accel`` command line, ``notebook_launcher`` and ``debug_launcher``.
+"""Starting jobs: the ``accel`` command line, ``notebook_launcher``, ``debug_launcher`` and
+``spawn``.
 
 Names are imported lazily: ``accel --help`` imports this package and must not import torch.
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["debug_launcher", "main", "notebook_launcher"]
+__all__ = ["debug_launcher", "main", "notebook_launcher", "spawn"]
 
 _EXPORTS = {
     "debug_launcher": "accel.launch.notebook",
     "notebook_launcher": "accel.launch.notebook",
     "main": "accel.launch.cli",
+    "spawn": "accel.launch.spawning",
 }
 
 
@@ -36,3 +38,4 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from .cli import main
     from .notebook import debug_launcher, notebook_launcher
+    from .spawning import spawn

@@ -10,6 +10,9 @@
 - writes ``sys.stdout``/``sys.stderr`` a whole line at a time (one ``write(2)`` per line, at each
   newline), so lines printed by different ranks on the shared terminal never interleave; text
   without a newline appears at the next newline or ``flush()``;
+- with ``accel launch --log_dir DIR``, links its torchrun log files (teed by the launcher) as
+  ``DIR/workerlog.<rank>`` (stdout) and ``DIR/workerlog.<rank>.err`` (stderr), Paddle's name,
+  replaced on each restart so they always show the current attempt;
 - on an uncaught exception (or ``sys.exit(non-zero)``) writes the traceback to torchelastic's
   error file (``TORCHELASTIC_ERROR_FILE``), so that the launcher prints one ROOT CAUSE block with
   rank, host, pid and traceback; the worker itself prints a single line.
@@ -28,12 +31,19 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from ..env import agent_pid, error_file, formed_layout, requested_layout, worker_ranks
+from ..env import (
+    agent_pid,
+    error_file,
+    formed_layout,
+    rank_log_dir,
+    requested_layout,
+    worker_ranks,
+)
 from .procs import set_parent_death_signal
 from .report import user_traceback, write_error_file
 
-__all__ = ["LaunchLayoutError", "check_layout", "exec_target", "main", "run_target",
-           "whole_lines"]
+__all__ = ["LaunchLayoutError", "check_layout", "exec_target", "link_rank_logs", "main",
+           "run_target", "whole_lines"]
 
 #: How long a failed worker may take to shut down before it exits hard (seconds).
 _EXIT_GRACE = 10.0
@@ -127,6 +137,35 @@ def check_layout(environ: Mapping[str, str] | None = None) -> None:
         "or --num_machines; pass the same values on every machine")
 
 
+def link_rank_logs(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Link this worker's torchrun log files into ``accel launch --log_dir`` under per-rank names.
+
+    torchrun keeps them at ``DIR/<run id>_<random>/attempt_<n>/<local rank>/std{out,err}.log``
+    (next to the error file it names in ``TORCHELASTIC_ERROR_FILE``); the links are
+    ``DIR/workerlog.<rank>`` and ``DIR/workerlog.<rank>.err``, relative, so DIR can be moved.
+    Returns the links made (none outside ``accel launch --log_dir``).
+    """
+    directory, errors, rank = rank_log_dir(environ), error_file(environ), worker_ranks(environ)[0]
+    if directory is None or errors is None or not rank.isdigit():
+        return []
+    made = []
+    for stream, suffix in (("stdout.log", ""), ("stderr.log", ".err")):
+        target = os.path.join(os.path.dirname(errors), stream)
+        if not os.path.exists(target):  # that stream is not teed (--tee 1 or 2)
+            continue
+        link = os.path.join(directory, f"workerlog.{rank}{suffix}")
+        temp = f"{link}.{os.getpid()}.tmp"
+        try:
+            os.symlink(os.path.relpath(target, directory), temp)
+            os.replace(temp, link)  # atomic: a restart's link replaces the last attempt's
+        except OSError as exc:
+            print(f"[accel] rank {rank}: cannot link {link} -> {target}: {exc}; the log is at "
+                  f"{target}", file=sys.stderr, flush=True)
+            continue
+        made.append(link)
+    return made
+
+
 def whole_lines(*streams: object) -> None:
     """Buffer each text stream up to its newlines (``python -u`` writes ``print``'s text and its
     newline with separate ``write(2)`` calls, which ranks sharing a pipe interleave)."""
@@ -141,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     whole_lines(sys.stdout, sys.stderr)
     target, kind, args = _split(sys.argv[1:] if argv is None else argv)
     set_parent_death_signal(agent_pid())
+    link_rank_logs()
     try:
         check_layout()
         if kind == "exec":

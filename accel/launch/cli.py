@@ -38,6 +38,7 @@ machines (Accelerate's meaning). Config file: --config_file, else $ACCEL_CONFIG_
   accel launch -m mypackage.train
   accel launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 \\
       --main_process_port 29500 train.py
+  accel launch -np 8 -H node1:4,node2:4 train.py    (horovodrun's flags; on each host)
 """
 
 
@@ -83,8 +84,6 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _flag(p, "main_process_ip", metavar="IP", help="address of machine rank 0 (multi-node)")
     _flag(p, "main_process_port", type=_port, metavar="PORT",
           help="rendezvous port on machine rank 0 (multi-node; single node: a free port)")
-    _flag(p, "ips", metavar="IP1,IP2", help="Paddle-style machine list: sets --num_machines, "
-          "--main_process_ip (the first) and --machine_rank (this machine's position)")
     p.add_argument("--cpu", dest="device", action="store_const", const="cpu", default=None,
                    help="run on the CPU with gloo even if GPUs are visible")
     _switch(p, "multi_gpu", "one process per GPU (Accelerate's flag; the default when 2+ GPUs "
@@ -107,9 +106,7 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _switch(p, "same_network", "accepted for Accelerate's sake; accel's multi-node rendezvous "
             "is the same either way")
     _flag(p, "role", metavar="NAME", help="torchrun's --role: a label of the workers")
-    _flag(p, "tee", "-t", metavar="STD", help="copy worker stdout/stderr to --log_dir "
-          "(torchrun's --tee: 1 stdout, 2 stderr, 3 both)")
-    _flag(p, "log_dir", metavar="DIR", help="directory for worker logs and error files")
+    _add_log_args(p)
     _switch(p, "enable_cpu_affinity", "bind each GPU worker to the CPUs of its GPU's NUMA "
             "node (torchrun's --numa-binding node)")
     _flag(p, "dynamo_backend", metavar="BACKEND", help="torch.compile backend for the workers "
@@ -119,6 +116,7 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     _switch(p, "dynamo_use_fullgraph", "compile the whole model as one graph")
     _switch(p, "dynamo_use_dynamic", "trace dynamic shapes")
     _switch(p, "dynamo_use_regional_compilation", "compile repeated blocks once each")
+    _add_horovod_paddle_args(p.add_argument_group("horovodrun / Paddle fleetrun spellings"))
     _add_fsdp_args(p.add_argument_group("FSDP2 (Accelerate's flags; values as `accelerate "
                                         "launch` takes them)"))
     _flag(p, "mpirun_hostfile", metavar="PATH", help="start CPU workers with mpirun (Open MPI, "
@@ -135,6 +133,28 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("script", metavar="script.py", nargs="?",
                    help="the training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+
+
+def _add_log_args(p: Any) -> None:
+    _flag(p, "tee", "-t", metavar="STD", help="copy worker stdout/stderr to --log_dir "
+          "(torchrun's --tee: 1 stdout, 2 stderr, 3 both)")
+    _flag(p, "log_dir", metavar="DIR", help="directory for worker logs: DIR/workerlog.<rank> "
+          "(stdout) and DIR/workerlog.<rank>.err (stderr) link to torchrun's files under "
+          "DIR/<run id>_*/attempt_<n>/<local rank>/; the console still shows the output "
+          "(--tee 3 unless --tee is given)")
+
+
+def _add_horovod_paddle_args(p: Any) -> None:
+    p.add_argument("-np", dest="np", type=_positive, metavar="N", default=None,
+                   help="horovodrun's spelling of -n/--num_processes (the total)")
+    _flag(p, "hosts", "-H", metavar="HOST:N,...", help="horovodrun's host list, e.g. "
+          "node1:4,node2:4 (N processes on each; the first host runs rank 0 and the "
+          "rendezvous): sets the machines, this machine's rank and -np")
+    _flag(p, "hostfile", metavar="PATH", help="horovodrun's host file: one 'host slots=N' "
+          "(or host:N) line per machine, # comments; as -H")
+    _flag(p, "gpus", metavar="IDS", help="fleetrun's spelling of --gpu_ids")
+    _flag(p, "ips", metavar="IP1,IP2", help="Paddle-style machine list: sets --num_machines, "
+          "--main_process_ip (the first) and --machine_rank (this machine's position)")
 
 
 def _add_fsdp_args(p: Any) -> None:
@@ -161,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                             epilog=_EPILOG_LAUNCH, allow_abbrev=False,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_launch_args(launch)
+    _flag(launch, "sync_batchnorm", choices=["global", "node"], help="BatchNorm layers become "
+          "SyncBatchNorm at prepare(): over all processes, or over each machine's "
+          "(ACCEL_SYNC_BATCHNORM)")
     config = sub.add_parser("config", help="write the default config file (asks questions; "
                             "`accel config default` asks none)", allow_abbrev=False)
     config.add_argument("action", nargs="?", choices=["default"], help="write defaults")
@@ -226,21 +249,7 @@ def _locate_config(flag: str | None) -> tuple[ConfigFile | None, str]:
     return None, f"none (no file at {path})"
 
 
-def _is_local_address(ip: str) -> bool:
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(ip, None, type=socket.SOCK_DGRAM)
-    except OSError:
-        return False
-    for family, kind, proto, _, address in infos:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.bind((address[0], 0))  # only an address of this machine can be bound
-                return True
-        except OSError:
-            continue
-    return False
+_is_local_address = core.is_local_address
 
 
 def _free_port() -> int:

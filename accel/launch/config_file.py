@@ -46,6 +46,7 @@ _DIRECT_KEYS = (
     "mixed_precision", "gpu_ids", "gradient_accumulation_steps", "num_cpu_threads_per_process",
     "max_restarts", "monitor_interval", "rdzv_backend", "rdzv_conf", "debug", "tee", "log_dir",
     "enable_cpu_affinity", "same_network", "dynamo_backend",  # dynamo_backend: pre-0.16 files
+    "sync_batchnorm",
 )
 
 #: Nested blocks whose keys are launch settings: block -> (key prefix, keys used).

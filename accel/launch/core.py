@@ -46,6 +46,7 @@ __all__ = [
     "exposed_port_warning",
     "extract_failures",
     "gpu_count",
+    "is_local_address",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -59,6 +60,29 @@ def gpu_count() -> int:
     from ..device.cuda import CUDADevice
 
     return CUDADevice.count()
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine: one of its addresses binds.
+
+    Example:
+        >>> is_local_address("127.0.0.1"), is_local_address("192.0.2.77")
+        (True, False)
+    """
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.bind((address[0], 0))  # only an address of this machine can be bound
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def default_threads(cpu_count: int, processes_per_node: int) -> int:
@@ -90,6 +114,8 @@ class WorkerSpec:
             the user chose).
         use_fsdp, fsdp: ``ACCEL_USE_FSDP`` and the ``EnvSettings`` ``fsdp_*`` /
             ``parallelism_config_*`` fields the user chose (``ACCEL_FSDP_*``, ...).
+        rank_log_dir: ``accel launch --log_dir``: the workers link their log files there as
+            ``workerlog.<rank>`` (made absolute: workers may change directory).
     """
 
     device: str
@@ -104,6 +130,7 @@ class WorkerSpec:
     dynamo: Mapping[str, Any] = field(default_factory=dict)
     use_fsdp: bool = False
     fsdp: Mapping[str, Any] = field(default_factory=dict)
+    rank_log_dir: str | None = None
 
     def environment(self) -> dict[str, str]:
         """The variables to export to the workers."""
@@ -113,8 +140,10 @@ class WorkerSpec:
             config_file=os.path.abspath(self.config_file) if self.config_file else None,
             launched=True, num_threads=self.num_threads, **self.dynamo,
             use_fsdp=self.use_fsdp, **self.fsdp)
+        logs = os.path.abspath(self.rank_log_dir) if self.rank_log_dir else None
         return worker_environment(settings, cuda_visible_devices=self.cuda_visible_devices,
-                                  layout=self.layout, fresh_rdzv_store=self.fresh_rdzv_store)
+                                  layout=self.layout, fresh_rdzv_store=self.fresh_rdzv_store,
+                                  rank_log_dir=logs)
 
 
 def endpoint(host: str, port: int) -> str:

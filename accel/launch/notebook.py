@@ -5,9 +5,8 @@ Built on torchrun's elastic agent (``torch.distributed.launcher.api.elastic_laun
 uses a fresh rendezvous (a c10d store on a free port), so it can be called again in the same
 kernel, also after a failure.
 
-Paddle users: ``paddle.distributed.spawn(fn, args, nprocs=4, selected_gpus="0,1,2,3")`` maps to
-``notebook_launcher(fn, args, num_processes=4, gpu_ids="0,1,2,3")``; ``spawn`` returns a context
-to join, ``notebook_launcher`` blocks and returns rank 0's return value.
+Paddle users: ``accel.spawn`` (``accel.launch.spawning``) is ``paddle.distributed.spawn`` on this
+machinery; ``notebook_launcher`` blocks and returns rank 0's return value instead of a context.
 
 Example:
     >>> def train(lr):
@@ -68,11 +67,18 @@ class RemoteTraceback(Exception):
 
 
 def _worker(function: Callable[..., Any], env: Mapping[str, str], parent: int | None,
-            *args: Any) -> Any:
-    """Runs in each forked worker: set the environment, call ``function``, record failures."""
+            report: Any, *args: Any) -> Any:
+    """Runs in each worker: set the environment, call ``function``, record failures.
+
+    ``report``: None, or a multiprocessing queue that gets ``(rank, pid)`` when the worker starts
+    (``accel.spawn``'s ``context.processes``).
+    """
     apply(env)
     if parent is not None:
         set_parent_death_signal(parent)
+    rank = worker_ranks()[0]
+    if report is not None and rank.isdigit():
+        report.put((int(rank), os.getpid()))
     threads = env.get("OMP_NUM_THREADS")
     torch_module = sys.modules.get("torch")
     if threads and torch_module is not None:  # forked after import: OMP_NUM_THREADS is too late
@@ -91,21 +97,21 @@ def _worker(function: Callable[..., Any], env: Mapping[str, str], parent: int | 
         raise SystemExit(1) from None  # SystemExit: torchelastic's @record keeps our error file
 
 
-def _check_parent(cuda: bool = True) -> None:
+def _check_parent(cuda: bool = True, who: str = "notebook_launcher") -> None:
     """Refuse to fork from a process whose state the workers cannot inherit safely."""
     import torch
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError(
-            "notebook_launcher: torch.distributed is already initialised in this process; "
+            f"{who}: torch.distributed is already initialised in this process; "
             "call torch.distributed.destroy_process_group() or restart the kernel"
         )
     if not cuda:
         return
     if torch.cuda.is_initialized():
         raise RuntimeError(
-            "notebook_launcher: CUDA is already initialised in this process (a cell moved a "
+            f"{who}: CUDA is already initialised in this process (a cell moved a "
             "tensor or model to the GPU), and forked workers cannot use CUDA after that. "
             "Restart the kernel and call notebook_launcher before any cell touches the GPU; "
             "create models, tensors and the Accelerator inside the launched function."
@@ -114,21 +120,21 @@ def _check_parent(cuda: bool = True) -> None:
     cls = getattr(module, "Accelerator", None) if module is not None else None
     if isinstance(cls, type) and any(issubclass(type(obj), cls) for obj in gc.get_objects()):
         raise RuntimeError(
-            "notebook_launcher: an accel Accelerator already exists in this process; create "
+            f"{who}: an accel Accelerator already exists in this process; create "
             "the Accelerator inside the function you launch (each worker needs its own). "
             "Delete it (`del accelerator`, and clear IPython's output history with %reset out) "
-            "or restart the kernel, then call notebook_launcher again."
+            f"or restart the kernel, then call {who} again."
         )
 
 
-def _raise_failure(exc: Any) -> None:
+def _raise_failure(exc: Any, who: str = "notebook_launcher") -> None:
     failures = extract_failures(exc.failures)
     payloads = {int(rank): accel_extra(failure.error_file_data).get("exception")
                 for rank, failure in exc.failures.items()}
     root = root_failure(failures)
     others = "; ".join(f.summary() for f in failures if f is not root)
     where = f"rank {root.rank} (pid {root.pid}, host {root.host})"
-    note = f"raised in notebook_launcher worker {where}" + \
+    note = f"raised in {who} worker {where}" + \
         (f"; other ranks: {others}" if others else "")
     payload = payloads.get(root.rank)
     original: BaseException | None = None
@@ -144,12 +150,11 @@ def _raise_failure(exc: Any) -> None:
 
 
 def _rendezvous(master_addr: str, port: int | None, node_rank: int,
-                num_nodes: int) -> Rendezvous:
+                num_nodes: int, who: str = "notebook_launcher") -> Rendezvous:
     backend = default_backend(num_nodes)  # never a single-node static: no free port needed
     chosen = port or default_port(backend, num_nodes, free_port=lambda: 0)
     if num_nodes > 1:
-        warnings.warn(f"notebook_launcher: {exposed_port_warning(master_addr, chosen)}",
-                      stacklevel=4)
+        warnings.warn(f"{who}: {exposed_port_warning(master_addr, chosen)}", stacklevel=4)
     run_id = MULTI_NODE_RUN_ID if num_nodes > 1 else uuid.uuid4().hex
     return Rendezvous(backend, master_addr, chosen, run_id, num_nodes=num_nodes,
                       node_rank=node_rank)
@@ -157,13 +162,19 @@ def _rendezvous(master_addr: str, port: int | None, node_rank: int,
 
 def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, spec: WorkerSpec,
             *, master_addr: str, port: int | None, node_rank: int, num_nodes: int,
-            max_restarts: int, monitor_interval: float) -> Any:
+            max_restarts: int, monitor_interval: float, start_method: str = "fork",
+            who: str = "notebook_launcher", report: Any = None) -> dict[int, Any]:
+    """Run the workers with torchrun's agent in this thread; their return values by rank."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    rdzv = _rendezvous(master_addr, port, node_rank, num_nodes)
+    if start_method == "fork":
+        # A failed earlier launch leaves cyclic garbage that holds torchelastic's objects (its
+        # store); collected in a forked worker instead of here, it kills the worker (SIGSEGV).
+        gc.collect()
+    rdzv = _rendezvous(master_addr, port, node_rank, num_nodes, who)
     config = LaunchConfig(nproc_per_node=nproc, role="notebook", max_restarts=max_restarts,
-                          monitor_interval=monitor_interval, start_method="fork",
+                          monitor_interval=monitor_interval, start_method=start_method,
                           **rdzv.launch_config())
     main_thread = threading.current_thread() is threading.main_thread()
     parent = os.getpid() if main_thread else None  # PDEATHSIG follows the forking thread
@@ -175,16 +186,17 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, spec:
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        results = elastic_launch(config, _worker)(function, spec.environment(), parent, *args)
+        results = elastic_launch(config, _worker)(function, spec.environment(), parent, report,
+                                                  *args)
     except ChildFailedError as exc:
-        _raise_failure(exc)
+        _raise_failure(exc, who)
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
         for name, handler in saved.items():  # the agent replaced the kernel's handlers
             if handler is not None:
                 signal.signal(getattr(signal, name), handler)
-    return results.get(0)
+    return dict(results)
 
 
 def _threads(nproc: int) -> int:
@@ -246,7 +258,7 @@ def notebook_launcher(
                       cuda_visible_devices=ids or None)
     return _launch(function, args, nproc, spec, master_addr=master_addr, port=use_port,
                    node_rank=node_rank, num_nodes=num_nodes, max_restarts=max_restarts,
-                   monitor_interval=monitor_interval)
+                   monitor_interval=monitor_interval).get(0)
 
 
 def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (),
@@ -263,4 +275,4 @@ def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (),
     spec = WorkerSpec(device="cpu", num_threads=_threads(num_processes),
                       cuda_visible_devices="")  # hidden: the workers are CPU processes
     return _launch(function, args, num_processes, spec, master_addr=LOOPBACK, port=None,
-                   node_rank=0, num_nodes=1, max_restarts=0, monitor_interval=0.1)
+                   node_rank=0, num_nodes=1, max_restarts=0, monitor_interval=0.1).get(0)

@@ -22,7 +22,13 @@ from typing import Any
 
 from .._parse import parse_bool, parse_choice, parse_float, parse_gpu_ids, parse_int
 from ..config import parse_mixed_precision
-from ..env import DYNAMO_BACKENDS, DYNAMO_MODES, cuda_visible_devices, launch_setting_source
+from ..env import (
+    DYNAMO_BACKENDS,
+    DYNAMO_MODES,
+    cuda_visible_devices,
+    launch_setting_source,
+    sync_batchnorm_mode,
+)
 from .config_file import ConfigFile
 from .core import (
     LOOPBACK,
@@ -33,6 +39,7 @@ from .core import (
     exposed_port_warning,
 )
 from .errors import CLIError
+from .hosts import HostLayout, host_layout, parse_hosts, read_hostfile
 from .sharding import Lookup, resolve_fsdp
 
 __all__ = ["LOOPBACK", "LaunchSettings", "resolve_settings", "settings_table"]
@@ -79,7 +86,8 @@ class LaunchSettings:
     enable_cpu_affinity: bool = False
     #: Start the workers with ``mpirun`` on the hosts of this file (CPU only), not torchrun.
     mpirun_hostfile: str | None = None
-    #: ``dynamo_*`` settings the user chose (flag, env, config), exported as ``ACCEL_DYNAMO_*``.
+    #: ``dynamo_*`` settings (and ``sync_batchnorm``) the user chose (flag, env, config),
+    #: exported as ``ACCEL_DYNAMO_*`` (``ACCEL_SYNC_BATCHNORM``).
     dynamo: dict[str, Any] = field(default_factory=dict)
     #: shard models with FSDP2 (``--use_fsdp``): ``ACCEL_USE_FSDP`` and the ``fsdp_*`` /
     #: ``parallelism_config_*`` settings the user chose, exported as ``ACCEL_<NAME>``
@@ -87,6 +95,9 @@ class LaunchSettings:
     fsdp: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+
+    #: ``-H``/``--hostfile``: the processes of each machine (``a:2,b:2``); None without a list.
+    hosts: str | None = None
 
     @property
     def nproc_per_node(self) -> int:
@@ -138,10 +149,12 @@ class _Sources:
         self.flags, self.environ, self.config = flags, environ, config
         self.sources: dict[str, str] = {}
         self.device_flag = "--cpu"  # or --multi_gpu / --tpu: the flag that set "device"
+        #: settings given through another spelling (``-np``, ``--gpus``): name -> flag
+        self.spelling: dict[str, str] = {}
 
     def get(self, name: str, parse: _Parse, default: Any,
             default_source: str = "default") -> Any:
-        flag = f"--{name}" if name != "device" else self.device_flag
+        flag = self.spelling.get(name, f"--{name}") if name != "device" else self.device_flag
         if self.flags.get(name) is not None:
             return self._take(name, parse, self.flags[name], f"flag {flag}", flag)
         found = launch_setting_source(name, self.environ)
@@ -163,10 +176,55 @@ class _Sources:
             raise CLIError(str(exc)) from None
 
 
-def _machines(src: _Sources, flags: Mapping[str, Any],
-              is_local: Callable[[str], bool]) -> tuple[int, int, str | None]:
+#: (alias flag's dest, setting, alias as typed): horovodrun's and Paddle's spellings.
+_ALIASES = (("np", "num_processes", "-np"), ("gpus", "gpu_ids", "--gpus"))
+
+
+def _aliases(src: _Sources, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Flags with ``-np``/``--gpus`` folded into the settings they spell."""
+    out = dict(flags)
+    for alias, name, flag in _ALIASES:
+        value = out.pop(alias, None)
+        if value is None:
+            continue
+        if out.get(name) is not None and str(out[name]) != str(value):
+            raise CLIError(f"{flag} {value} contradicts --{name} {out[name]} (the same "
+                           "setting); pass only one of them")
+        if out.get(name) is None:
+            out[name], src.spelling[name] = value, flag
+    return out
+
+
+def _host_list(src: _Sources, flags: Mapping[str, Any],
+               is_local: Callable[[str], bool]) -> HostLayout | None:
+    """``-H host:N,...`` or ``--hostfile F`` (horovodrun's): where the processes run."""
+    given = [(flag, flags[name]) for name, flag in (("hosts", "-H"), ("hostfile", "--hostfile"))
+             if flags.get(name)]
+    if not given:
+        return None
+    flag, value = given[0]
+    for other, why in (("--hostfile", len(given) > 1), ("--ips", flags.get("ips")),
+                       ("--mpirun_hostfile", flags.get("mpirun_hostfile"))):
+        if why:
+            raise CLIError(f"{flag} and {other} both say where the processes run; pass only "
+                           f"one of them (--mpirun_hostfile F starts them with mpirun on F's "
+                           f"hosts; {flag} starts torchrun's agent on each listed host)")
+    hosts, source = (parse_hosts(str(value)), "flag -H") if flag == "-H" else \
+        (read_hostfile(str(value)), f"hostfile {value}")
+    total = src.get("num_processes", _int(1), None)
+    layout = host_layout(hosts, total, source, is_local, flags.get("machine_rank"))
+    if total is None:
+        src.sources["num_processes"] = f"default (the slots of {source})"
+    src.sources["hosts"] = source
+    return layout
+
+
+def _machines(src: _Sources, flags: Mapping[str, Any], is_local: Callable[[str], bool],
+              layout: HostLayout | None) -> tuple[int, int, str | None]:
     """(num_machines, machine_rank, main_process_ip), with Paddle-style ``--ips`` sugar."""
     ips = [ip.strip() for ip in str(flags.get("ips") or "").split(",") if ip.strip()]
+    if layout is not None:
+        return _machines_of_hosts(src, flags, layout)
     if not ips:
         machines = src.get("num_machines", _int(1), 1)
         rank = src.get("machine_rank", _int(0), 0)
@@ -186,18 +244,42 @@ def _machines(src: _Sources, flags: Mapping[str, Any],
     return len(ips), local[0], ips[0]
 
 
+def _machines_of_hosts(src: _Sources, flags: Mapping[str, Any],
+                       layout: HostLayout) -> tuple[int, int, str | None]:
+    if layout.num_machines > 1:
+        ip: str | None = layout.main_host
+        checked: tuple[tuple[str, Any], ...] = (("num_machines", layout.num_machines),
+                                                 ("main_process_ip", ip))
+    else:  # one machine: the rendezvous stays on it (loopback unless --main_process_ip)
+        ip = src.get("main_process_ip", _stripped, None)
+        checked = (("num_machines", 1),)
+    for name, value in checked:
+        given = flags.get(name)
+        if given is not None and str(given) != str(value):
+            raise CLIError(f"--{name} {given} contradicts {layout.source} (which implies "
+                           f"{value}); drop --{name}")
+        src.sources[name] = layout.source
+    rank_given = flags.get("machine_rank") is not None
+    src.sources["machine_rank"] = "flag --machine_rank" if rank_given else layout.source
+    return layout.num_machines, layout.machine_rank, ip
+
+
 def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
-               gpu_count: Callable[[], int]) -> int:
+               gpu_count: Callable[[], int], layout: HostLayout | None) -> tuple[int, int]:
+    """(total processes, processes on this machine)."""
     pool = len(gpu_ids.split(",")) if gpu_ids else (gpu_count() if device == "cuda" else 0)
     if device == "cuda":
         default, why = pool * machines, f"detected ({pool} GPU(s) per machine)"
     else:
         default, why = machines, "default (1 per machine; pass -n N for more)"
-    total = int(src.get("num_processes", _int(1), default, why))
-    if total % machines:
-        raise CLIError(f"--num_processes {total} is the total over {machines} machines and must "
-                       f"be a multiple of {machines}")
-    per_node = total // machines
+    if layout is not None:
+        total, per_node = layout.total, layout.local_processes
+    else:
+        total = int(src.get("num_processes", _int(1), default, why))
+        if total % machines:
+            raise CLIError(f"--num_processes {total} is the total over {machines} machines and "
+                           f"must be a multiple of {machines}")
+        per_node = total // machines
     if device == "cuda" and per_node > pool:
         origin = "--gpu_ids" if gpu_ids else "CUDA_VISIBLE_DEVICES / the driver"
         raise CLIError(
@@ -205,7 +287,7 @@ def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
             f"are visible ({origin}); pass -n {pool * machines} or fewer, or --cpu for CPU "
             "processes"
         )
-    return total
+    return total, per_node
 
 
 def _visible_for_workers(gpu_ids: str | None, environ: Mapping[str, str] | None,
@@ -266,6 +348,8 @@ _DYNAMO: tuple[tuple[str, _Parse], ...] = (
     ("dynamo_mode", _choice(DYNAMO_MODES, "a torch.compile mode")),
     ("dynamo_use_fullgraph", _bool), ("dynamo_use_dynamic", _bool),
     ("dynamo_use_regional_compilation", _bool),
+    # not a compile setting, but exported to the workers the same way (ACCEL_SYNC_BATCHNORM)
+    ("sync_batchnorm", sync_batchnorm_mode),
 )
 #: (device, flag): the flags that choose the device.
 _DEVICE_FLAGS = (("cpu", "--cpu"), ("cuda", "--multi_gpu"), ("xla", "--tpu"))
@@ -370,6 +454,21 @@ def _sharding(src: _Sources, device: str, total: int, machines: int,
                         device_flag=src.device_flag if src.flags.get("device") else None)
 
 
+def _placement(src: _Sources, flags: Mapping[str, Any], is_local: Callable[[str], bool],
+               ) -> tuple[HostLayout | None, int, int, str | None, int | None]:
+    """(host list, machines, machine rank, main process IP, port) from the flags."""
+    layout = _host_list(src, flags, is_local)
+    machines, machine_rank, ip = _machines(src, flags, is_local, layout)
+    if machine_rank >= machines:
+        raise CLIError(f"--machine_rank {machine_rank} must be < --num_machines {machines}")
+    port = src.get("main_process_port", _int(0, 65535), None)
+    if port is None and layout is not None and machines > 1:  # horovodrun takes no port
+        port = default_port("static", machines, lambda: 0)
+        src.sources["main_process_port"] = "default (torchrun's port)"
+    ip, port = _endpoint(src, flags.get("rdzv_endpoint"), ip, port)
+    return layout, machines, machine_rank, ip, port
+
+
 def resolve_settings(
     flags: Mapping[str, Any], environ: Mapping[str, str] | None, config: ConfigFile | None, *,
     gpu_count: Callable[[], int], cpu_count: int, run_id: str,
@@ -394,19 +493,16 @@ def resolve_settings(
         CLIError: a value is invalid or settings contradict each other.
     """
     src = _Sources(flags, environ, config)
+    flags = _aliases(src, flags)
     warnings: list[str] = []
     gpus = functools.cache(gpu_count)  # probe at most once, and only if the device may be CUDA
     _use_device_flag(src, flags, config)
-    machines, machine_rank, ip = _machines(src, flags, is_local_address)
-    if machine_rank >= machines:
-        raise CLIError(f"--machine_rank {machine_rank} must be < --num_machines {machines}")
-    port = src.get("main_process_port", _int(0, 65535), None)
-    ip, port = _endpoint(src, flags.get("rdzv_endpoint"), ip, port)
+    layout, machines, machine_rank, ip, port = _placement(src, flags, is_local_address)
     device, gpu_ids = _device_and_gpu_ids(src, gpus, warnings)
     visible = _visible_for_workers(gpu_ids, environ, gpus)
-    total = _processes(src, device, gpu_ids, machines, gpus)
+    total, per_node = _processes(src, device, gpu_ids, machines, gpus, layout)
     _check_multi_gpu(src, total)
-    threads = _threads(src, cpu_count, total // machines)
+    threads = _threads(src, cpu_count, per_node)
     backend = src.get("rdzv_backend", _stripped, default_backend(machines))
     extras = _extras(src, flags, device, warnings, (total, machines))
     if extras["mpirun_hostfile"] is None:
@@ -428,16 +524,17 @@ def resolve_settings(
         debug=src.get("debug", _bool, False),
         config_file=config.path if config is not None else None,
         python=str(flags.get("python") or sys.executable),
+        hosts=layout.describe() if layout is not None else None,
         sources=dict(src.sources), warnings=tuple(warnings), **extras,
     )
 
 
-_TABLE = ("num_processes", "num_machines", "machine_rank", "main_process_ip",
+_TABLE = ("num_processes", "hosts", "num_machines", "machine_rank", "main_process_ip",
           "main_process_port", "device", "gpu_ids", "mixed_precision",
           "gradient_accumulation_steps", "num_cpu_threads_per_process", "max_restarts",
-          "rdzv_backend", "debug", "enable_cpu_affinity", "mpirun_hostfile")
+          "rdzv_backend", "log_dir", "debug", "enable_cpu_affinity", "mpirun_hostfile")
 #: Rows shown only when the user set them.
-_IF_GIVEN = ("enable_cpu_affinity", "mpirun_hostfile")
+_IF_GIVEN = ("enable_cpu_affinity", "mpirun_hostfile", "hosts", "log_dir")
 
 
 def settings_table(settings: LaunchSettings, config_note: str | None = None) -> str:

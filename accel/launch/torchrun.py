@@ -58,8 +58,10 @@ def build_torchrun_argv(settings: LaunchSettings) -> list[str]:
     argv += rendezvous_of(s).torchrun_args()
     argv += ["--max-restarts", str(s.max_restarts),
              "--monitor-interval", format(s.monitor_interval, "g")]
-    if s.tee is not None:
-        argv += ["--tee", s.tee]
+    if s.tee is not None or s.log_dir is not None:
+        # --log_dir alone: torchrun writes files only for teed or redirected streams, so tee
+        # both (the console keeps showing the output) and the workers link them per rank.
+        argv += ["--tee", s.tee if s.tee is not None else "3"]
     if s.log_dir is not None:
         argv += ["--log-dir", s.log_dir]
     if s.role is not None:
@@ -96,7 +98,7 @@ def worker_spec(settings: LaunchSettings) -> WorkerSpec:
         debug=s.debug, config_file=s.config_file, cuda_visible_devices=s.cuda_visible_devices,
         layout=(s.num_processes, s.num_machines),
         fresh_rdzv_store=s.max_restarts > 0 and s.rdzv_backend == "c10d", dynamo=s.dynamo,
-        use_fsdp=s.use_fsdp, fsdp=s.fsdp)
+        use_fsdp=s.use_fsdp, fsdp=s.fsdp, rank_log_dir=s.log_dir)
 
 
 def worker_env(settings: LaunchSettings) -> dict[str, str]:

@@ -28,10 +28,22 @@ from torch import nn
 
 from ..config import DistributedDataParallelKwargs, DistributedType
 from ..distributed import ProcessContext
+from ..distributed.batchnorm import BatchNormSync, convert_sync_batchnorm
 from ..dynamo import compiled_inner, rewrap_compiled
 from .rank0_load import refuse_meta_model
 
-__all__ = ["Strategy", "no_join", "strip_compile", "strip_parallel", "unwrap_module"]
+__all__ = ["Strategy", "SyncSetting", "as_batchnorm_sync", "no_join", "strip_compile",
+           "strip_parallel", "unwrap_module"]
+
+#: ``wrap_model``'s ``sync_batchnorm``: a mode and group, True (all processes) or False/None
+SyncSetting = BatchNormSync | bool | None
+
+
+def as_batchnorm_sync(value: SyncSetting) -> BatchNormSync | None:
+    """``wrap_model``'s ``sync_batchnorm`` as a :class:`BatchNormSync` (None: leave BatchNorm)."""
+    if isinstance(value, BatchNormSync):
+        return value
+    return BatchNormSync() if value else None
 
 
 def strip_parallel(model: nn.Module) -> nn.Module:
@@ -118,15 +130,26 @@ class Strategy(ABC):
         return model.to(self.ctx.device)
 
     @abstractmethod
-    def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
-        """Place ``model`` and wrap it for training under this strategy."""
+    def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
+        """Place ``model`` and wrap it for training under this strategy.
 
-    def _convert_and_place(self, model: nn.Module, sync_batchnorm: bool) -> nn.Module:
+        ``sync_batchnorm``: a :class:`~accel.distributed.batchnorm.BatchNormSync` (mode and
+        group), True (every process) or False/None (BatchNorm layers left alone).
+        """
+
+    def _convert_and_place(self, model: nn.Module, sync_batchnorm: SyncSetting) -> nn.Module:
         """SyncBatchNorm (several processes only), then placement: what every wrap starts with."""
         refuse_meta_model(model, self.name)  # a model without weights cannot be trained
-        if sync_batchnorm and self.ctx.is_distributed:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        return self.place_model(model)
+        return self.place_model(self.convert_batchnorm(model, sync_batchnorm))
+
+    def convert_batchnorm(self, model: nn.Module, sync_batchnorm: SyncSetting) -> nn.Module:
+        """BatchNorm layers as SyncBatchNorm over the chosen group (torch's class on CUDA,
+        accel's CPU-capable one elsewhere); at world size 1 there is nothing to synchronise and
+        the model comes back as it is."""
+        sync = as_batchnorm_sync(sync_batchnorm)
+        if sync is None or not self.ctx.is_distributed:
+            return model
+        return convert_sync_batchnorm(model, sync.group, self.ctx.device)
 
     def unwrap(self, model: nn.Module, keep_torch_compile: bool = False) -> nn.Module:
         """The user's module inside whatever ``wrap_model`` (or torch.compile) put around it;

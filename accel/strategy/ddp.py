@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..config import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
-from .base import Strategy, strip_compile
+from .base import Strategy, SyncSetting, strip_compile
 
 __all__ = ["DDPStrategy"]
 
@@ -24,7 +24,7 @@ class DDPStrategy(Strategy):
         return DistributedType.MULTI_GPU if self.ctx.device.type == "cuda" else \
             DistributedType.MULTI_CPU
 
-    def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
+    def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
         model = self._convert_and_place(model, sync_batchnorm)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # frozen (e.g. a teacher): DDP would refuse it, and nothing to sync

@@ -25,7 +25,7 @@ from torch import nn
 from ..config import DistributedDataParallelKwargs, DistributedType, PrecisionType
 from ..distributed import ProcessContext
 from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
-from .base import Strategy, strip_compile
+from .base import Strategy, SyncSetting, strip_compile
 from .fsdp_units import ignored_parameters, select_units
 from .rank0_load import capture_full_state, distribute_from_rank0, refuse_meta_model, to_meta
 
@@ -119,14 +119,13 @@ class FSDPStrategy(Strategy):
         return None if dtype is None else MixedPrecisionPolicy(param_dtype=dtype,
                                                                reduce_dtype=dtype)
 
-    def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
+    def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         if isinstance(model, FSDPModule):
             return model  # sharded already (by the user, or an earlier prepare)
         full_state = self._check_initialisation(model)
-        if sync_batchnorm:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = self.convert_batchnorm(model, sync_batchnorm)
         if self.plugin.sync_module_states and full_state is None:
             self._broadcast_from_rank0(model)
         model = self.place_model(model)

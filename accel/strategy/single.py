@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import DistributedType
-from .base import Strategy
+from .base import Strategy, SyncSetting
 
 __all__ = ["SingleDeviceStrategy"]
 
@@ -17,5 +17,5 @@ class SingleDeviceStrategy(Strategy):
     def distributed_type(self) -> DistributedType:
         return DistributedType.NO
 
-    def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
+    def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
         return self._convert_and_place(model, sync_batchnorm)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
 from .. import _optional
 from ..config import DistributedType
 from ..device.xla import mark_step
-from .base import Strategy
+from .base import Strategy, SyncSetting, as_batchnorm_sync
 
 __all__ = ["XLAStrategy"]
 
@@ -20,8 +22,18 @@ class XLAStrategy(Strategy):
     def distributed_type(self) -> DistributedType:
         return DistributedType.XLA  # one process or many, as Accelerate reports it
 
-    def wrap_model(self, model: nn.Module, sync_batchnorm: bool = False) -> nn.Module:
+    def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
         return self._convert_and_place(model, sync_batchnorm)
+
+    def convert_batchnorm(self, model: nn.Module, sync_batchnorm: SyncSetting) -> nn.Module:
+        """SyncBatchNorm is not offered on XLA: the layers stay as they are (one warning)."""
+        if as_batchnorm_sync(sync_batchnorm) is not None and self.ctx.is_distributed and \
+                self.ctx.is_main_process:
+            warnings.warn("sync_batchnorm is not supported on XLA: BatchNorm layers are left "
+                          "as they are (each process normalises its own batch); drop "
+                          "sync_batchnorm, or train on CUDA or CPU to synchronise them",
+                          stacklevel=6)
+        return model
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         # Moving a module to XLA replaces its parameter objects, so an optimizer built before

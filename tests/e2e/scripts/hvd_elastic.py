@@ -20,7 +20,6 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import accel.horovod as hvd
-from accel.horovod._session import current
 
 EPOCHS, PER_RANK, COMMIT_EVERY, SAMPLES = 3, 4, 3, 64
 
@@ -40,7 +39,6 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=PER_RANK, sampler=sampler)
-    comm = current().comm
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -52,7 +50,7 @@ def main() -> None:
                 state.optimizer.zero_grad()
                 loss.backward()
                 grads = [p.grad for p in state.model.parameters()]
-                for grad, mean in zip(grads, comm.reduce(grads, "mean"), strict=True):
+                for grad, mean in zip(grads, hvd.grouped_allreduce(grads), strict=True):
                     grad.copy_(mean)
                 state.optimizer.step()
                 state.sampler.record_batch(0, PER_RANK)

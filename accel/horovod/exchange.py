@@ -1,0 +1,368 @@
+"""Horovod's data-exchanging collectives: ``allgather``, ``alltoall``, ``reducescatter``, and
+the synchronisation points ``barrier`` and ``join``.
+
+* ``allgather`` concatenates every rank's tensor along dim 0; first dimensions may differ
+  (accel's :class:`~accel.distributed.Communicator` gather: one ``all_gather`` in the steady
+  state, on every backend).
+* ``sparse_allreduce_async`` gathers the indices and values of sparse tensors (Horovod's
+  way); its handle is a function to call, as in Horovod.
+* ``allgather_async`` / ``grouped_allgather_async`` finish before they return (an uneven
+  gather may need a second round that depends on the first); ``alltoall_async`` exchanges the
+  split sizes before it returns and the rows in the background.
+* ``alltoall(tensor, splits=None)`` sends ``splits[i]`` rows to the set's i-th rank (equal parts
+  without ``splits``) with ``all_to_all_single`` (gloo supports it, uneven splits included, in
+  the torch versions accel supports); with ``splits`` it returns ``(output, received_splits)``,
+  without them only the output, as Horovod does.
+* ``reducescatter`` (``op`` = ``Average`` or ``Sum``, as Horovod) gives rank i of the set the
+  i-th block of rows of the reduced tensor; when the rows do not divide evenly the first ranks
+  get one more row (Horovod's split). An even split uses ``reduce_scatter_tensor``; an uneven
+  one (and the grouped form: one collective per dtype) reduces the whole tensor and keeps the
+  rank's rows, which moves more data but is correct on every backend.
+
+Example:
+    >>> import torch
+    >>> import accel.horovod as hvd
+    >>> hvd.init()
+    >>> hvd.allgather(torch.tensor([[1, 2]])).tolist()
+    [[1, 2]]
+    >>> out, received = hvd.alltoall(torch.arange(3), splits=[3]); out.tolist(), received.tolist()
+    ([0, 1, 2], [3])
+    >>> hvd.reducescatter(torch.tensor([2.0, 4.0])).tolist()
+    [2.0, 4.0]
+    >>> hvd.join()
+    0
+    >>> hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._plumbing import Scope, needs_grad, on_wire, scale_, scope_of
+from .compression import Compression, Compressor
+from .handles import submit, synchronize
+from .ops import allreduce
+from .process_sets import ProcessSet, global_process_set
+from .reduce_op import Average, Sum, name_of
+
+__all__ = ["allgather", "allgather_async", "alltoall", "alltoall_async", "barrier", "join",
+           "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
+           "grouped_reducescatter_async", "reducescatter", "reducescatter_async",
+           "sparse_allreduce_async"]
+
+_JOIN_KEY = "horovod.join_generation"
+
+
+# -- allgather ------------------------------------------------------------------------------
+def _gather(tensors: Sequence[torch.Tensor], process_set: ProcessSet) -> list[torch.Tensor]:
+    scope = scope_of(process_set)
+    leaves = [t.detach() for t in tensors]
+    if not scope.distributed:
+        return [t.clone().reshape(1) if t.dim() == 0 else t.clone() for t in leaves]
+    out: list[torch.Tensor] = scope.session.comm.gather(leaves, group=scope.group)
+    return out
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start gathering ``tensor`` from every rank of the set (dim 0 may differ)."""
+    result = _gather([tensor], process_set)[0]
+    return submit([], lambda: result)
+
+
+class _Allgather(torch.autograd.Function):
+    """Differentiable allgather; the gradient is Horovod's: the gathered gradient averaged over
+    the set, then this rank's rows."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
+        ctx.shape, ctx.process_set = tensor.shape, process_set
+        return _gather([tensor], process_set)[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        scope = scope_of(ctx.process_set)
+        reduced = allreduce(grads[0], op=Average, process_set=ctx.process_set)
+        rows = ctx.shape[0] if len(ctx.shape) else 1
+        counts = _gather([torch.tensor([rows])], ctx.process_set)[0].tolist()
+        offset = sum(counts[: scope.ranks.index(scope.rank)])
+        return reduced.narrow(0, offset, rows).reshape(ctx.shape), None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0, in rank order (dim 0 may differ).
+
+    Differentiable as in Horovod (see :class:`_Allgather`)."""
+    if not needs_grad(tensor):
+        return _gather([tensor], process_set)[0]
+    result: torch.Tensor = _Allgather.apply(tensor, process_set)  # type: ignore[no-untyped-call]
+    return result
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start gathering a list of tensors (one collective for the list)."""
+    result = _gather(list(tensors), process_set)
+    return submit([], lambda: result)
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """``allgather`` of each tensor of a list, with one collective for the whole list."""
+    return _gather(list(tensors), process_set)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: int,
+                           process_set: ProcessSet = global_process_set
+                           ) -> Callable[[], torch.Tensor]:
+    """Reduce a sparse COO tensor by gathering every rank's indices and values (Horovod's way:
+    ``Sum`` or ``Average``); returns a function that gives the (uncoalesced) result."""
+    if op not in (Average, Sum):
+        raise ValueError(f"hvd.sparse_allreduce_async(op={name_of(op)}): sparse tensors are "
+                         "reduced with hvd.Average or hvd.Sum only")
+    scope = scope_of(process_set)
+    indices, values = _gather([tensor._indices().t().contiguous(), tensor._values()],
+                              process_set)
+    if op == Average:
+        values = values / scope.size
+    result = torch.sparse_coo_tensor(indices.t(), values, tensor.shape, check_invariants=True)
+    return lambda: result
+
+
+# -- alltoall -------------------------------------------------------------------------------
+def _splits(tensor: torch.Tensor, splits: Any, scope: Scope) -> list[int]:
+    if tensor.dim() == 0:
+        raise ValueError("hvd.alltoall needs a tensor with at least one dimension (rows are "
+                         "sent along dim 0)")
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % scope.size:
+            raise ValueError(f"hvd.alltoall: without splits, the first dimension ({rows}) must "
+                             f"divide evenly among the {scope.size} ranks; pass splits=")
+        return [rows // scope.size] * scope.size
+    values = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if len(values) != scope.size or min(values) < 0 or sum(values) > rows:
+        raise ValueError(f"hvd.alltoall: splits={values} must hold {scope.size} non-negative "
+                         f"row counts (one per rank of the set) summing to at most {rows}")
+    return values
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Start an alltoall; ``synchronize`` returns ``(output, received_splits)``."""
+    scope = scope_of(process_set)
+    sent = _splits(tensor, splits, scope)
+    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    source = tensor.detach()[: sum(sent)]
+    if not scope.distributed:
+        result = (source.clone(), torch.tensor(sent, dtype=split_dtype))
+        return submit([], lambda: result)
+    counts = torch.tensor(sent, dtype=torch.int64, device=scope.wire)
+    received_t = torch.empty_like(counts)
+    dist.all_to_all_single(received_t, counts, group=scope.group)
+    received = received_t.tolist()
+    wire_in = on_wire(source, scope.wire, copy=False)
+    out = wire_in.new_empty((sum(received),) + tuple(source.shape[1:]))
+    work = dist.all_to_all_single(out, wire_in, output_split_sizes=received,
+                                  input_split_sizes=sent, group=scope.group, async_op=True)
+    splits_out = torch.tensor(received, dtype=split_dtype)
+    return submit([work], lambda: (out.to(tensor.device), splits_out))
+
+
+class _Alltoall(torch.autograd.Function):
+    """Differentiable alltoall: the gradient goes back along the same rows (rows past the
+    splits, which were not sent, get zero)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any,
+                process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = synchronize(alltoall_async(tensor, splits, None, process_set))
+        ctx.received, ctx.shape, ctx.process_set = received, tensor.shape, process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        grad, _ = synchronize(alltoall_async(grads[0].contiguous(), ctx.received, None,
+                                             ctx.process_set))
+        if grad.shape[0] < ctx.shape[0]:
+            grad = torch.cat([grad, grad.new_zeros((ctx.shape[0] - grad.shape[0],)
+                                                   + tuple(ctx.shape[1:]))])
+        return grad, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send ``splits[i]`` rows of ``tensor`` to the set's i-th rank (equal parts by default).
+
+    Returns the received rows concatenated in rank order and, when ``splits`` is given, also
+    the number of rows received from each rank (Horovod's ``(output, received_splits)``).
+    Differentiable with respect to ``tensor``.
+    """
+    if needs_grad(tensor):
+        output, received = _Alltoall.apply(  # type: ignore[no-untyped-call]
+            tensor, splits, process_set)
+    else:
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return output if splits is None else (output, received)
+
+
+# -- reducescatter --------------------------------------------------------------------------
+def _rows_of(rows: int, size: int, index: int) -> tuple[int, int]:
+    """Horovod's split: the first ``rows % size`` ranks get one extra row."""
+    base, extra = divmod(rows, size)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def _reducescatter_async(tensors: Sequence[torch.Tensor], op: int, process_set: ProcessSet,
+                         prescale: float, postscale: float, single: bool) -> int:
+    name_of(op)
+    if op not in (Average, Sum):
+        raise ValueError(f"hvd.reducescatter(op={name_of(op)}): Horovod's reducescatter "
+                         "supports only hvd.Average and hvd.Sum; use allreduce for other ops")
+    scope = scope_of(process_set)
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError("hvd.reducescatter needs tensors with at least one dimension")
+    post = postscale / scope.size if op == Average else postscale
+    index = scope.ranks.index(scope.rank)
+    works: list[Any] = []
+    parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []  # (buf, out, src)
+    for tensor in tensors:
+        buf = scale_(on_wire(tensor, scope.wire, copy=True), prescale)
+        rows = tensor.shape[0]
+        if scope.distributed and rows % scope.size == 0:
+            out = buf.new_empty((rows // scope.size,) + tuple(tensor.shape[1:]))
+            works.append(dist.reduce_scatter_tensor(out.view(-1), buf.view(-1),
+                                                    group=scope.group, async_op=True))
+            parts.append((buf, out, tensor))
+            continue
+        if scope.distributed:
+            works.append(dist.all_reduce(buf, group=scope.group, async_op=True))
+        parts.append((buf, None, tensor))
+
+    def finish() -> Any:
+        results = []
+        for buf, out, tensor in parts:
+            if out is None:
+                start, end = _rows_of(tensor.shape[0], scope.size, index)
+                out = buf[start:end].clone()
+            results.append(scale_(out, post).to(tensor.device))
+        return results[0] if single else results
+
+    return submit(works, finish)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of ``tensor`` (not modified); returns a handle."""
+    return _reducescatter_async([tensor], op, process_set, prescale_factor, postscale_factor,
+                                True)
+
+
+class _Reducescatter(torch.autograd.Function):
+    """Differentiable reducescatter; the gradient is Horovod's: this rank's gradient, scaled
+    (by the set's size for ``Sum``, by the pre- and postscale factors), all-gathered."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: int, process_set: ProcessSet,
+                prescale: float, postscale: float) -> torch.Tensor:
+        ctx.args = (op, process_set, prescale * postscale)
+        result: torch.Tensor = synchronize(_reducescatter_async(
+            [tensor], op, process_set, prescale, postscale, True))
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        op, process_set, factor = ctx.args
+        if op == Sum:
+            factor *= scope_of(process_set).size
+        grad = grads[0] * factor if factor != 1.0 else grads[0]
+        return _gather([grad], process_set)[0], None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: int = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` over the set and return this rank's block of rows (differentiable
+    as in Horovod, see :class:`_Reducescatter`)."""
+    sent, ctx = compression.compress(tensor)
+    if needs_grad(sent):
+        out = _Reducescatter.apply(  # type: ignore[no-untyped-call]
+            sent, op, process_set, prescale_factor, postscale_factor)
+    else:
+        out = synchronize(_reducescatter_async([sent], op, process_set, prescale_factor,
+                                               postscale_factor, True))
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: int = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of each tensor of a list; returns a handle."""
+    return _reducescatter_async(list(tensors), op, process_set, prescale_factor,
+                                postscale_factor, False)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] = Compression.none, op: int = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """``reducescatter`` of each tensor of a list; returns this rank's blocks."""
+    packed = [compression.compress(t) for t in tensors]
+    outs = synchronize(_reducescatter_async([s for s, _ in packed], op, process_set,
+                                            prescale_factor, postscale_factor, False))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, packed, strict=True)]
+
+
+# -- barrier and join -----------------------------------------------------------------------
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every rank of the set reaches this call."""
+    scope = scope_of(process_set)
+    if not scope.distributed:
+        return
+    if scope.group is None:
+        scope.session.comm.barrier()
+    elif scope.session.context.backend == "nccl":
+        dist.barrier(group=scope.group, device_ids=[scope.session.context.device.index])
+    else:
+        dist.barrier(group=scope.group)
+
+
+def join(device: int = -1) -> int:
+    """Wait until every rank has called ``join``; returns the rank that joined last.
+
+    Horovod lets a rank that joined keep answering the other ranks' allreduces with zeros until
+    they join too. torch.distributed matches collectives by order, so a rank blocked here can
+    not take part in collectives it does not issue: in accel, every rank must reach ``join``
+    before issuing any other collective (a collective started by a rank that has not joined
+    while another rank waits here never completes). For uneven data, make the ranks agree on
+    the number of steps first (e.g. ``hvd.allreduce(torch.tensor(n), op=hvd.Min)``), then
+    ``join()`` at the end. The last rank is found through the job's key-value store: each rank
+    counts itself in on arrival, and the ranks then agree on who arrived last. ``device`` is
+    accepted for compatibility (no zero tensors are needed).
+    """
+    scope = scope_of(global_process_set)
+    if not scope.distributed:
+        return scope.rank
+    extras = scope.session.extras
+    generation = extras[_JOIN_KEY] = extras.get(_JOIN_KEY, 0) + 1
+    store = scope.session.setup.group.store()
+    order = scope.rank  # without a store: ties resolved to the highest rank
+    if store is not None:
+        order = store.add(f"accel/horovod/join/{generation}", 1) * scope.size + scope.rank
+    arrivals = torch.zeros(scope.size, dtype=torch.int64, device=scope.wire)
+    arrivals[scope.rank] = order
+    dist.all_reduce(arrivals, group=scope.group)
+    return int(arrivals.argmax().item())
