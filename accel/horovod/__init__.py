@@ -27,6 +27,7 @@ from .basics import (
     size,
 )
 from .compression import Compression, Compressor
+from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduce_op import Adasum, Average, Max, Min, Product, Sum
 
@@ -39,6 +40,7 @@ __all__ = [
     "Sum",
     "Compression",
     "Compressor",
+    "DistributedOptimizer",
     "ProcessSet",
     "add_process_set",
     "cross_rank",
