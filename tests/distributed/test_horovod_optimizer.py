@@ -43,7 +43,7 @@ def _mse(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int) ->
 
 def _micro(x: torch.Tensor, y: torch.Tensor, rank: int, passes: int) -> list[tuple[Any, Any]]:
     xs, ys = x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]
-    return list(zip(xs.chunk(passes), ys.chunk(passes)))
+    return list(zip(xs.chunk(passes), ys.chunk(passes), strict=True))
 
 
 def _train(rank: int, make: Callable[[], torch.nn.Module], loss_fn: LossFn = _mse,
@@ -86,7 +86,8 @@ def _reference(make: Callable[[], torch.nn.Module], loss_fn: LossFn = _mse, pass
 
 
 def _gap(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+    pairs = zip(a.parameters(), b.parameters(), strict=True)
+    return max((p - q).abs().max().item() for p, q in pairs)
 
 
 class _Recorder:
@@ -227,7 +228,7 @@ def _error_cases(rank: int, out: dict[str, Any]) -> None:
         opt.step()
     out["step_after_sync_warns"] = any("skip_synchronize" in str(w.message) for w in caught)
     out["not_reduced_twice"] = all(torch.equal(a, p.grad) for a, p in
-                                   zip(reduced, model.parameters()))
+                                   zip(reduced, model.parameters(), strict=True))
     # sparse gradients: refused with the fix, or reduced dense with sparse_as_dense=True
     for dense in (False, True):
         torch.manual_seed(0)
