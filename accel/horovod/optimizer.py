@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -248,6 +249,13 @@ def _install(opt: Any, names: dict[torch.Tensor, str], compression: Any, groups:
     for p in params:
         opt._hvd_hooks.append(p.register_post_accumulate_grad_hook(reducer.grad_ready))
     opt._hvd_reducer = reducer
+    # A dropped optimizer must not keep reducing (a new one may be built on the same model).
+    weakref.finalize(opt, _remove_hooks, list(opt._hvd_hooks))
+
+
+def _remove_hooks(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def DistributedOptimizer(

@@ -9,6 +9,7 @@ them). One spawn runs all the cases (each spawn costs seconds).
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -217,6 +218,16 @@ def _error_cases(rank: int, out: dict[str, Any]) -> None:
         out["too_many_passes"] = None
     except AssertionError as exc:
         out["too_many_passes"] = str(exc)
+    # an optimizer that is dropped stops reducing: a new one on the same model just works
+    del opt
+    gc.collect()
+    model.zero_grad()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(2):
+        _mse(model, *_batch(step), rank).backward()
+        opt.step()
+        opt.zero_grad()
+    out["rewrapped"] = True
     # synchronize() then step() without skip_synchronize: Horovod's warning; no second reduction
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum)
@@ -294,6 +305,7 @@ def test_errors_and_synchronize_flow(results: list[dict[str, Any]]) -> None:
     for rank, out in enumerate(results):
         assert "zero_grad() was called after loss.backward()" in out["zero_grad_error"]
         assert "backward_passes_per_step" in out["too_many_passes"]
+        assert out["rewrapped"]
         assert out["step_after_sync_warns"] and out["not_reduced_twice"]
         assert "sparse_as_dense=True" in out["sparse_False"]
         expected = [[0.0] * 3 for _ in range(10)]
