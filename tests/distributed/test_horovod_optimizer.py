@@ -146,6 +146,8 @@ def _training_cases(rank: int, out: dict[str, Any]) -> None:
     out["clip_is_active"] = _gap(_reference(_model, clip=0.05), _reference(_model)) > 1e-3
     out["unused"] = _gap(_train(rank, _unused_model, _unused_loss),
                          _reference(_unused_model, _unused_loss))
+    process_set = hvd.add_process_set([0, 1])
+    out["process_set"] = _gap(_train(rank, _model, process_set=process_set), _reference(_model))
     model = _unused_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     _unused_loss(model, *_batch(0), rank).backward()
@@ -172,6 +174,17 @@ def _bucket_cases(rank: int, out: dict[str, Any], rec: _Recorder) -> None:
     opt.step()
     out["calls_per_step"] = rec.calls()
     out["params"] = len(list(model.parameters()))
+    # backward_passes_per_step=2: nothing is sent after the first pass, everything after the 2nd
+    model = _model(layers=3, width=16)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   backward_passes_per_step=2, bucket_cap_mb=2200 / 2**20)
+    rec.clear()
+    counts = []
+    for _ in range(2):
+        model(x).sum().backward()
+        counts.append(rec.calls())
+    opt.step()
+    out["passes_calls"] = counts
     # groups=2 and num_groups=2 (deprecated) -> two reductions; listed groups + singletons.
     for key, kw in (("groups2", {"groups": 2}), ("num_groups2", {"num_groups": 2}),
                     ("listed", {"groups": [[model[0].weight, model[0].bias]]})):
@@ -278,7 +291,8 @@ def results() -> list[dict[str, Any]]:
 def test_training_matches_single_process_reference(results: list[dict[str, Any]]) -> None:
     for out in results:
         assert out["size"] == WORLD
-        for case in ("average", "passes2", "predivide", "sum", "groups2", "clip", "unused"):
+        for case in ("average", "passes2", "predivide", "sum", "groups2", "clip", "unused",
+                     "process_set"):
             assert out[case] <= 1e-6, (case, out[case])
         assert out["fp16"] <= 2e-3  # half-precision wire: close, not exact
         assert out["clip_is_active"]  # the clipping case really clips
@@ -295,6 +309,7 @@ def test_reductions_are_bucketed_and_start_during_backward(
         # buckets were sent by the end of backward (none left for step())
         assert events.index("all_reduce") < events.index("first_layer_grad")
         assert events.count("all_reduce") == 2
+        assert out["passes_calls"] == [0, 2]
         assert out["groups2_calls"] == out["num_groups2_calls"] == 2
         assert out["num_groups2_deprecation"] and not out["groups2_deprecation"]
         assert out["listed_calls"] == 1 + 6  # the listed group, then one per other parameter
