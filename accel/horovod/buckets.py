@@ -57,19 +57,21 @@ def _key(p: torch.Tensor) -> tuple[torch.dtype, torch.device]:
 
 def plan_by_size(params: Sequence[torch.Tensor], cap_bytes: int,
                  first_cap_bytes: int) -> list[list[torch.Tensor]]:
-    """Buckets of ``params`` taken in reverse order, each up to ``cap_bytes`` (the first up to
-    ``first_cap_bytes``, so that communication starts early) and of one dtype and device."""
+    """Buckets of ``params`` taken in reverse order, of one dtype and device each; as DDP's, a
+    bucket closes once it holds ``cap_bytes`` or more (the first one at ``first_cap_bytes``, so
+    that communication starts early)."""
     buckets: list[list[torch.Tensor]] = []
     current: list[torch.Tensor] = []
     used = 0
     for p in reversed(params):
-        cap = first_cap_bytes if not buckets else cap_bytes
-        nbytes = p.numel() * p.element_size()
-        if current and (used + nbytes > cap or _key(p) != _key(current[0])):
+        if current and _key(p) != _key(current[0]):
             buckets.append(current)
             current, used = [], 0
         current.append(p)
-        used += nbytes
+        used += p.numel() * p.element_size()
+        if used >= (first_cap_bytes if not buckets else cap_bytes):
+            buckets.append(current)
+            current, used = [], 0
     if current:
         buckets.append(current)
     return buckets

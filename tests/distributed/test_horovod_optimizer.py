@@ -159,8 +159,8 @@ def _training_cases(rank: int, out: dict[str, Any]) -> None:
 def _bucket_cases(rank: int, out: dict[str, Any], rec: _Recorder) -> None:
     import accel.horovod as hvd
 
-    # 3 x Linear(16, 16) + Linear(16, 1), buckets of <= 2200 bytes (in reverse order):
-    # [b3, w3, b2, w2, b1] and [w1, b0, w0] -> 2 buckets for 8 parameters.
+    # 3 x Linear(16, 16) + Linear(16, 1), buckets closed at >= 2200 bytes (in reverse order):
+    # [b3, w3, b2, w2, b1, w1] and [b0, w0] -> 2 buckets for 8 parameters.
     model = _model(layers=3, width=16)
     order: list[str] = rec.events
     for p in model[0].parameters():  # the first layer: its gradients are the last to be ready
@@ -397,3 +397,27 @@ def test_argument_checks(hvd1: Any) -> None:
     hvd1.shutdown()
     with pytest.raises(ValueError, match="hvd.init"):
         make()
+
+
+def test_bucket_plans() -> None:
+    from accel.horovod.buckets import plan_by_groups, plan_by_size
+
+    a, b, c, d = (torch.zeros(4) for _ in range(4))
+    wide = torch.zeros(4, dtype=torch.float64)
+
+    def names(plan: list[list[torch.Tensor]]) -> list[list[str]]:
+        label = {id(a): "a", id(b): "b", id(c): "c", id(d): "d", id(wide): "wide"}
+        return [[label[id(p)] for p in bucket] for bucket in plan]
+
+    # reverse order; a bucket closes once it reaches the cap (DDP's rule); dtypes never mix
+    assert names(plan_by_size([a, b, c, d], 32, 32)) == [["d", "c"], ["b", "a"]]
+    assert names(plan_by_size([a, b, c, d], 32, 16)) == [["d"], ["c", "b"], ["a"]]
+    assert names(plan_by_size([a, wide, c, d], 1 << 20, 1 << 20)) == [["d", "c"], ["wide"],
+                                                                       ["a"]]
+    # groups=N: N consecutive chunks (Horovod's split_list); listed groups + singletons;
+    # buckets ordered by when backward finishes them (the group holding the last parameters
+    # first)
+    assert names(plan_by_groups([a, b, c, d], 2)) == [["c", "d"], ["a", "b"]]
+    assert names(plan_by_groups([a, b, c, d], 3)) == [["d"], ["c"], ["a", "b"]]
+    assert names(plan_by_groups([a, b, c, d], [[a, d]])) == [["c"], ["b"], ["a", "d"]]
+    assert names(plan_by_groups([a, wide, c], [[a, wide, c]])) == [["a", "c"], ["wide"]]
