@@ -108,6 +108,8 @@ class Bucket:
     ready: int = 0
     #: while in flight: (work handle, the buffer sent, the compression context)
     flight: tuple[Any, torch.Tensor, Any] | None = None
+    #: the flat buffer, kept from step to step (a fresh one each step costs page faults)
+    buffer: torch.Tensor | None = None
 
 
 @dataclass
@@ -144,6 +146,8 @@ class Reducer:
         self.passes = passes
         self.delay = {p: passes for p in self.bucket_of}
         for bucket in self.buckets:
+            if bucket.flight is not None:
+                bucket.buffer = None  # an abandoned reduction may still write into it
             bucket.ready, bucket.flight = 0, None
         self.next_bucket, self.touched = 0, False
 
@@ -179,10 +183,20 @@ class Reducer:
             grad = grad.to_dense()
         return grad.reshape(-1)
 
+    def _gather(self, bucket: Bucket) -> torch.Tensor:
+        """The bucket's gradients as one flat tensor: a lone gradient is reduced in place (as
+        in Horovod), several are copied into the bucket's buffer."""
+        parts = [self._flat_grad(p) for p in bucket.params]
+        if len(parts) == 1:
+            return parts[0]
+        numel = sum(part.numel() for part in parts)
+        if bucket.buffer is None or bucket.buffer.numel() != numel:
+            bucket.buffer = parts[0].new_empty(numel)
+        return torch.cat(parts, out=bucket.buffer)
+
     def _start(self, bucket: Bucket) -> None:
         with torch.no_grad():
-            parts = [self._flat_grad(p) for p in bucket.params]
-            flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+            flat = self._gather(bucket)
             if self.op == Average and self.predivide != 1.0:
                 flat = flat.mul_(1.0 / self.predivide)
             sent, ctx = self.compression.compress(flat)
@@ -196,17 +210,16 @@ class Reducer:
             self._start(bucket)
         for bucket in self.buckets:
             if bucket.flight is not None:
-                self._write_back(bucket)
+                self._write_back(bucket, *bucket.flight)
+                bucket.flight = None
         self.reset(self.passes)
 
-    def _write_back(self, bucket: Bucket) -> None:
-        assert bucket.flight is not None
-        work, sent, ctx = bucket.flight
+    def _write_back(self, bucket: Bucket, work: Any, sent: torch.Tensor, ctx: Any) -> None:
+        """Wait for the bucket, then copy (and scale, for Average) its slices into ``.grad``."""
         work.wait()
+        scale = self.predivide / self.group_size if self.op == Average else 1.0
         with torch.no_grad():
             out = self.compression.decompress(sent, ctx)
-            if self.op == Average:
-                out = out.mul_(self.predivide / self.group_size)
             offset = 0
             for p in bucket.params:
                 grad = p.grad
@@ -214,8 +227,8 @@ class Reducer:
                 view = out[offset:offset + p.numel()].view(p.shape)
                 offset += p.numel()
                 if grad.is_sparse:
-                    grad.zero_().add_(view.to_sparse())
+                    grad.zero_().add_(view.mul(scale).to_sparse())
                 elif view.dtype == grad.dtype and view.device == grad.device:
-                    grad.set_(view)  # type: ignore[call-overload]
+                    torch.mul(view, scale, out=grad)  # one pass: scale and copy (or in place)
                 else:
-                    grad.copy_(view)
+                    grad.copy_(view).mul_(scale)
