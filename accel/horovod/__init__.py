@@ -77,21 +77,13 @@ from .ops import (
     grouped_allreduce_async,
     grouped_allreduce_async_,
 )
+from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduce_op import Adasum, Average, Max, Min, Product, Sum
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
-    "Average",
-    "Max",
-    "Min",
-    "Product",
-    "Sum",
-    "SyncBatchNorm",
-    "Compression",
-    "Compressor",
-    "ProcessSet",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -102,6 +94,7 @@ __all__ = [
     "allreduce_async_",
     "alltoall",
     "alltoall_async",
+    "Average",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -111,10 +104,13 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "ccl_built",
+    "Compression",
+    "Compressor",
     "cross_rank",
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "DistributedOptimizer",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
@@ -132,11 +128,15 @@ __all__ = [
     "join",
     "local_rank",
     "local_size",
+    "Max",
+    "Min",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",
     "nccl_built",
     "poll",
+    "ProcessSet",
+    "Product",
     "rank",
     "reducescatter",
     "reducescatter_async",
@@ -147,5 +147,7 @@ __all__ = [
     "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
+    "Sum",
+    "SyncBatchNorm",
     "synchronize",
 ]
