@@ -76,14 +76,6 @@ model = Net()
 optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
 
 
-def average_gradients() -> None:
-    # Horovod's example wraps the optimizer in hvd.DistributedOptimizer; this is what it does
-    # (without the overlap with backward): average every gradient over the workers.
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    for grad, mean in zip(grads, hvd.grouped_allreduce(grads, op=hvd.Average), strict=True):
-        grad.copy_(mean)
-
-
 def metric_average(val: float, name: str) -> float:
     tensor = torch.tensor(val)
     avg_tensor = hvd.allreduce(tensor, name=name)
@@ -99,7 +91,6 @@ def train(state: hvd.elastic.TorchState) -> None:
             state.optimizer.zero_grad()
             loss = F.nll_loss(state.model(data), target)
             loss.backward()
-            average_gradients()
             state.optimizer.step()
             state.train_sampler.record_batch(batch_idx, args.batch_size)
             state.step += 1
@@ -127,6 +118,10 @@ def test() -> None:
     test_accuracy = metric_average(test_accuracy / len(test_sampler), "avg_accuracy")
     if hvd.rank() == 0:
         print(f"\nTest set: Average loss: {test_loss:.4f}, Accuracy: {100.0 * test_accuracy:.2f}%")
+
+
+# Horovod: wrap optimizer with DistributedOptimizer (gradients averaged during backward).
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
 
 # adjust learning rate on reset
