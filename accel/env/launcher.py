@@ -38,6 +38,8 @@ class LaunchInfo:
     #: torchrun's agent hosts the c10d store; workers must connect to it rather than host one.
     use_agent_store: bool = False
     restart_count: int = 0
+    #: torchrun's rendezvous id (``TORCHELASTIC_RUN_ID``): the same on every attempt of one job.
+    run_id: str | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -124,6 +126,7 @@ def _from_torchrun(environ: Mapping[str, str]) -> LaunchInfo | None:
         rank // max(local_world, 1) if node is None else node, addr, port,
         use_agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         restart_count=optional_int(environ, "TORCHELASTIC_RESTART_COUNT") or 0,
+        run_id=environ.get("TORCHELASTIC_RUN_ID") or None,
     )
 
 

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from . import elastic
 from .basics import (
     cross_rank,
     cross_size,
@@ -41,6 +42,7 @@ from .capabilities import (
     stop_timeline,
 )
 from .compression import Compression, Compressor
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .exchange import (
     allgather,
     allgather_async,
@@ -111,6 +113,7 @@ __all__ = [
     "cuda_built",
     "ddl_built",
     "DistributedOptimizer",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
@@ -122,6 +125,8 @@ __all__ = [
     "grouped_allreduce_async_",
     "grouped_reducescatter",
     "grouped_reducescatter_async",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "init",
     "is_homogeneous",
     "is_initialized",

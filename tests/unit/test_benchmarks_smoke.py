@@ -25,6 +25,7 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     ("bench_import.py", "Fresh-interpreter wall time"),
     ("bench_launch.py", "Launch of 2 CPU processes"),
     ("bench_horovod.py", "hvd.DistributedOptimizer / DDP"),
+    ("bench_horovod_elastic.py", "Wall time of hvd.elastic's commit"),
 ])
 def test_cpu_benchmark_runs(script: str, title: str) -> None:
     done = _run(str(BENCH / script), "--quick", "--no-accelerate")
