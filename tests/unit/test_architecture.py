@@ -103,7 +103,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/accelerator.py", "L5"),
     ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4
     ("accel/local_sgd.py", "L5"),  # LocalSGD: drives an Accelerator (no_sync, reduce)
-    ("accel/big_modeling.py", "L6"),  # init_empty_weights (dispatch/offload to come)
+    ("accel/big_modeling/*", "L6"),  # init_empty_weights, device maps, dispatch, offload
     ("accel/horovod/*", "L6"),  # import accel.horovod as hvd: horovod.torch on torch.distributed
 ]
 ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6,

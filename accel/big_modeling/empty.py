@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import env
+from .. import env
 
 __all__ = ["init_empty_weights", "init_on_device"]
 
