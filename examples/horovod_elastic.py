@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn, optim
 from torch.utils.data import DataLoader, TensorDataset
 
-import accel.horovod as hvd
+import accel.horovod as hvd  # was: import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="Elastic Horovod-style training on accel")
 parser.add_argument("--batch-size", type=int, default=32, help="input batch size per worker")

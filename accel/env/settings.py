@@ -86,7 +86,7 @@ class EnvSettings:
     #: SyncBatchNorm mode for prepare(): "global", "node" or "off" (None: unset)
     sync_batchnorm: str | None = None
     #: where ``hvd.elastic`` state commits are kept so that restarted workers find them
-    #: (None: ``<temp dir>/accel-elastic``).
+    #: (None: ``<temp dir>/accel-elastic-<user>``).
     elastic_dir: str | None = None
 
     def given(self, prefix: str) -> dict[str, Any]:
@@ -279,7 +279,8 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
                   "(Accelerator(sync_batchnorm=...))", "sync_batchnorm", _sync_batchnorm,
                   "sync_batchnorm"),
     AccelVariable("ACCEL_ELASTIC_DIR", "directory where hvd.elastic commits are kept for "
-                  "restarted workers (default: <temp dir>/accel-elastic)", "elastic_dir", _text),
+                  "restarted workers; shared storage survives a lost machine (default: <temp "
+                  "dir>/accel-elastic-<user>)", "elastic_dir", _text),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the

@@ -85,6 +85,16 @@ ELSEWHERE = {
     "accel merge-weights runs/fsdp_lm/checkpoints/checkpoint_1 merged/": (
         "tests/e2e/test_examples.py", "test_fsdp_lm_trains_sharded_saves_shards_and_resumes"),
     "accel test": ("tests/e2e/test_launch.py", "test_accel_test_self_check"),
+    # Horovod's examples with only the import changed (and the same numbers under mpirun)
+    "accel launch --cpu -np 2 examples/horovod_mnist.py": (
+        "tests/e2e/test_horovod_examples.py",
+        "test_mnist_same_numbers_under_accel_launch_and_mpirun"),
+    "accel launch --cpu -np 2 examples/horovod_synthetic_benchmark.py --num-iters 3": (
+        "tests/e2e/test_horovod_examples.py",
+        "test_synthetic_benchmark_under_accel_launch_and_mpirun"),
+    # a worker dies at step 7; the restarted group resumes from the last commit
+    "accel launch --cpu -n 2 --max_restarts 1 examples/horovod_elastic.py --fail_at_step 7": (
+        "tests/e2e/test_horovod_elastic.py", "test_the_elastic_example_survives_a_lost_worker"),
     # converts a real Accelerate checkpoint (needs `accelerate`, in the test extra)
     "accel convert-checkpoint ACCELERATE_DIR OUT_DIR": (
         "tests/e2e/test_convert_checkpoint.py",
