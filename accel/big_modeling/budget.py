@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Union
 
 import torch
 
@@ -26,7 +25,7 @@ __all__ = ["DeviceKey", "available_devices", "get_max_memory", "host_memory_avai
            "normalize_device_key"]
 
 #: A device in a budget or a device map: a GPU index, or "xla", "mps", "cpu", "disk".
-DeviceKey = Union[int, str]
+DeviceKey = int | str
 _ORDER = ("xla", "mps", "cpu", "disk")
 
 

@@ -32,7 +32,6 @@ import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
 import torch
 from torch import nn
@@ -44,8 +43,8 @@ __all__ = ["check_device_map", "clean_device_map", "compute_module_sizes",
            "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
            "infer_auto_device_map"]
 
-Part = Union[nn.Module, torch.Tensor]
-DtypeLike = Union[str, torch.dtype]
+Part = nn.Module | torch.Tensor
+DtypeLike = str | torch.dtype
 
 
 def _within(name: str, prefix: str) -> bool:
