@@ -366,3 +366,29 @@ def test_public_names_are_where_accelerate_users_look() -> None:
                  "find_tied_parameters", "check_device_map", "convert_file_size_to_int",
                  "get_max_memory", "get_max_layer_size", "clean_device_map"):
         assert name in accel.utils.__all__ and callable(getattr(accel.utils, name))
+
+
+def test_detected_budget_asks_each_gpu_and_balanced_keeps_a_tenth_free(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.device import DEVICE_KINDS
+
+    _fake_gpus(monkeypatch, 1)
+    monkeypatch.setattr(DEVICE_KINDS["cuda"], "free_memory", classmethod(lambda cls, i: 1000))
+    monkeypatch.setattr(budget, "host_memory_available", lambda: 5000)
+    assert get_max_memory() == {0: 1000, "cpu": 5000}
+    # one GPU and no max_memory: 90% of it for weights, as Accelerate does
+    assert get_balanced_memory(nn.Linear(4, 4)) == {0: 900, "cpu": 5000}
+    assert get_balanced_memory(nn.Linear(4, 4), {0: 1000}) == {0: 1000}
+
+
+def test_buffers_left_on_the_gpu_by_offloaded_modules_warn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_gpus(monkeypatch, 1)
+    model = nn.Sequential(nn.Linear(10, 10), nn.BatchNorm1d(5000), nn.BatchNorm1d(5000))
+    limits = {0: 1000, "cpu": 10**6}  # all to the CPU; the norms hold 80 kB of buffers
+    with pytest.warns(UserWarning, match="offload_buffers=True"):
+        device_map = infer_auto_device_map(model, limits)
+    assert dict(device_map) == {"": "cpu"}  # GPU 0 keeps room for a norm: too small
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        infer_auto_device_map(model, limits, offload_buffers=True)
