@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "find_executable_batch_size": "accel.memory",
     "is_rich_available": "accel.availability",
     "free_memory": "accel.memory",
+    "infer_auto_device_map": "accel.big_modeling",
     "init_empty_weights": "accel.big_modeling",
     "init_on_device": "accel.big_modeling",
     "get_logger": "accel.logging",
@@ -73,6 +74,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator as Accelerator
     from .availability import is_rich_available as is_rich_available
+    from .big_modeling import infer_auto_device_map as infer_auto_device_map
     from .big_modeling import init_empty_weights as init_empty_weights
     from .big_modeling import init_on_device as init_on_device
     from .checkpoint import load as load

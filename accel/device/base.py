@@ -39,6 +39,15 @@ class Device(ABC):
         """Human-readable names of the visible devices, for reports."""
         return [cls.kind.upper()] * max(cls.count(), 1)
 
+    @classmethod
+    def free_memory(cls, index: int) -> int | None:
+        """Bytes free on device ``index`` of this kind; None when the kind cannot tell.
+
+        Unlike ``available``/``count``, this may initialise the device (big-model placement
+        asks it only when about to use the device).
+        """
+        return None
+
     @abstractmethod
     def torch_device(self, local_rank: int) -> torch.device:
         """The device that the process with this local rank uses."""

@@ -73,6 +73,11 @@ class CUDADevice(Device):
             physical = [physical[int(i)] for i in visible if int(i) < len(physical)]
         return physical[: cls.count()] or ["CUDA GPU"] * cls.count()
 
+    @classmethod
+    def free_memory(cls, index: int) -> int | None:
+        # mem_get_info initialises CUDA on that GPU: asked only by placement, about to use it
+        return int(torch.cuda.mem_get_info(index)[0])
+
     def torch_device(self, local_rank: int) -> torch.device:
         count = self.count()
         if count == 0:

@@ -1,5 +1,5 @@
 """The ``accel`` command line: ``launch``, ``config``, ``env``, ``test``, ``convert-checkpoint``,
-``merge-weights``.
+``merge-weights``, ``estimate-memory``.
 
 Importing this module (and ``accel --help`` / ``accel launch --help``) never imports torch; torch
 is imported only after the arguments are parsed, by the command that needs it.
@@ -197,7 +197,39 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("test", help="2-process CPU self-check of collectives and a DDP step")
     _add_convert_parser(sub)
     _add_merge_parser(sub)
+    _add_estimate_parser(sub)
     return parser
+
+
+_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+                "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+
+
+def _estimate_dtype(text: str) -> str:
+    if text.lower() not in _DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose from float32, "
+                                         "bfloat16, float16 (or fp32, bf16, fp16)")
+    return _DTYPE_NAMES[text.lower()]
+
+
+def _add_estimate_parser(sub: Any) -> None:
+    estimate = sub.add_parser(
+        "estimate-memory", allow_abbrev=False,
+        help="memory a model needs for inference and for training with Adam",
+        description="Build the model on the meta device (nothing is allocated) and print, per "
+        "dtype: its largest layer, its total size, the memory for inference (the weights) and "
+        "for training with Adam (weights + gradients + Adam's two fp32 moments, plus fp32 "
+        "master weights for bfloat16/float16 mixed precision: 16 bytes per parameter). "
+        "Activations are NOT included. Exit status: 0 printed, 2 the model spec cannot be "
+        "imported or built.")
+    estimate.add_argument("model", metavar="MODEL_SPEC", help="package.module:function or "
+                          "path/to/file.py:function; the function takes no argument and "
+                          "returns the torch.nn.Module")
+    estimate.add_argument("--dtypes", nargs="+", type=_estimate_dtype, metavar="DTYPE",
+                          default=["float32", "bfloat16", "float16"],
+                          help="dtypes to estimate at (default: float32 bfloat16 float16)")
+    estimate.add_argument("--json", dest="as_json", action="store_true",
+                          help="print JSON (bytes) for scripts")
 
 
 def _add_merge_parser(sub: Any) -> None:
@@ -337,6 +369,11 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         return run_merge(args.checkpoint, args.output, args.max_shard_size,
                          progress=not args.no_progress)
+    if args.command == "estimate-memory":
+        # lazy, as above (LAUNCH_LAZY_USES): building a model needs torch
+        from ..big_modeling.estimate import run_estimate
+
+        return run_estimate(args.model, args.dtypes, as_json=args.as_json)
     parser.print_help()
     return 0
 

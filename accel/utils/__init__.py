@@ -17,6 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from .. import availability
 from ..availability import *  # noqa: F403 - the is_*_available probes (also in .imports)
 from ..config import parse_mixed_precision
@@ -36,3 +39,25 @@ __all__ += availability.__all__
 __all__ += operations.__all__
 __all__ += other.__all__
 __all__ += random.__all__
+
+#: Accelerate's ``accelerate.utils`` names for big-model placement, imported on first use (they
+#: live in accel.big_modeling, whose package also holds dispatch and offload).
+_BIG_MODELING: dict[str, str] = {
+    name: "accel.big_modeling.placement" for name in (
+        "check_device_map", "clean_device_map", "compute_module_sizes", "find_tied_parameters",
+        "get_balanced_memory", "get_max_layer_size", "infer_auto_device_map")
+} | {
+    "convert_file_size_to_int": "accel.big_modeling.sizes",
+    "dtype_byte_size": "accel.big_modeling.sizes",
+    "get_max_memory": "accel.big_modeling.budget",
+}
+__all__ += sorted(_BIG_MODELING)
+
+
+def __getattr__(name: str) -> Any:
+    module = _BIG_MODELING.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

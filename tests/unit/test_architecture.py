@@ -24,7 +24,8 @@ Rules checked here:
   checkpoint converter knows no collectives, protocol or launcher; env never imports torch;
 - ``accel/launch/`` imports only L0/L1 modules and itself (at any level), and never torch at
   module level, so ``accel --help`` stays fast; the one exception is ``LAUNCH_LAZY_USES``
-  (``accel convert-checkpoint`` and ``accel merge-weights`` lazily import their cores, L4);
+  (``accel convert-checkpoint`` and ``accel merge-weights`` lazily import their cores, L4;
+  ``accel estimate-memory`` its estimator, L6);
 - only ``accel/env/_base.py`` touches the process environment (everything else asks accel/env);
 - no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
   outside ``device/`` and ``strategy/``;
@@ -103,6 +104,11 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/accelerator.py", "L5"),
     ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4
     ("accel/local_sgd.py", "L5"),  # LocalSGD: drives an Accelerator (no_sync, reduce)
+    # placement arithmetic (sizes, budgets, device maps) over device detection only: below
+    # accel.utils (L5), which re-exports it under Accelerate's accelerate.utils names
+    ("accel/big_modeling/sizes.py", "L3"),
+    ("accel/big_modeling/budget.py", "L3"),
+    ("accel/big_modeling/placement.py", "L3"),
     ("accel/big_modeling/*", "L6"),  # init_empty_weights, device maps, dispatch, offload
     ("accel/horovod/*", "L6"),  # import accel.horovod as hvd: horovod.torch on torch.distributed
 ]
@@ -122,11 +128,13 @@ LAUNCH_MAY_USE = {"L0", "L1", "side"}
 #: The only library modules above L1 that launch/ may use, each for the launch module named,
 #: and only lazily (inside the function that runs the command, after the arguments are parsed):
 #: ``accel convert-checkpoint`` and ``accel merge-weights`` are commands over the checkpoint
-#: storage (L4), which needs torch. The converter and the merge import nothing from launch/ (no
+#: storage (L4), which needs torch; ``accel estimate-memory`` builds a model on the meta device
+#: (accel.big_modeling.estimate, L6). None of them imports launch/ (no
 #: cycle), and being lazy the edges keep ``accel --help`` and every other command off torch.
 LAUNCH_LAZY_USES: dict[str, tuple[str, ...]] = {
     "accel/launch/cli.py": ("accel.checkpoint.convert.command",
-                            "accel.checkpoint.sharded.command"),
+                            "accel.checkpoint.sharded.command",
+                            "accel.big_modeling.estimate"),
 }
 #: Seams stricter than the layers: (importer pattern, forbidden target prefixes, why).
 FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
