@@ -11,6 +11,44 @@ Example:
 
 from __future__ import annotations
 
+from .dispatch import cpu_offload, disk_offload, dispatch_model
 from .empty import init_empty_weights, init_on_device
+from .hooks import (
+    AlignDevicesHook,
+    ModelHook,
+    SequentialHook,
+    add_hook_to_module,
+    remove_hook_from_module,
+    remove_hook_from_submodules,
+)
+from .loading import load_checkpoint_and_dispatch, load_checkpoint_in_model
+from .offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
 
-__all__ = ["init_empty_weights", "init_on_device"]
+__all__ = [
+    "AlignDevicesHook",
+    "ModelHook",
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
+    "SequentialHook",
+    "add_hook_to_module",
+    "cpu_offload",
+    "disk_offload",
+    "dispatch_model",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "load_offloaded_weight",
+    "offload_state_dict",
+    "offload_weight",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+    "save_offload_index",
+]
