@@ -38,7 +38,12 @@ from .hooks import (
     remove_hook_from_submodules,
     storage_key,
 )
-from .offload import OffloadedWeightsLoader, PrefixedDataset, offload_state_dict
+from .offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    offload_state_dict,
+    read_offload_index,
+)
 
 __all__ = ["cpu_offload", "dispatch_model", "disk_offload", "unplaced_tensors"]
 
@@ -136,7 +141,8 @@ def _weights(model: nn.Module, device_map: DeviceMap, main: torch.device, opts: 
         if folder is None:
             raise ValueError("the device map puts modules on 'disk' but no offload_dir was "
                              "given; pass offload_dir='some/folder' (it is created)")
-        index = offload_state_dict(folder, disk)
+        there = read_offload_index(folder)  # e.g. written by load_checkpoint_in_model
+        offload_state_dict(folder, {k: v for k, v in disk.items() if k not in there})
     if not cpu and not index and "disk" not in map(str, device_map.values()):
         return None
     if "disk" in map(str, device_map.values()) and folder is None:
@@ -198,13 +204,18 @@ def dispatch_model(model: nn.Module, device_map: DeviceMap,
     loader = _weights(model, device_map, main, opts)
     tied = TiedWeights()
     _share_ties(loader, tied)
-    for name in sorted(device_map, key=len):
+    def offloaded_entry(name: str) -> bool:
+        where = str(device_map[name])
+        return where == "disk" or (where == "cpu" and main != torch.device("cpu"))
+
+    # placed entries first: an offloaded weight tied to a placed one then uses that one
+    for name in sorted(device_map, key=lambda n: (offloaded_entry(n), len(n))):
         target = device_map[name]
-        offloaded = str(target) == "disk" or (str(target) == "cpu" and main != torch.device("cpu"))
+        offloaded = offloaded_entry(name)
         module = model.get_submodule(name) if name in dict(model.named_modules()) else None
         if module is None:  # a tensor named directly: place it (offloading needs a module)
             place_tensors(_tensor_owner(model, name), as_device(
-                main if offloaded else target), recurse=False, memo=tied.twins)
+                main if offloaded else target), recurse=False, memo=tied.placed)
             continue
         hook = AlignDevicesHook(
             execution_device=main if offloaded else as_device(target), offload=offloaded,

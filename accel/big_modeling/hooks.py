@@ -193,12 +193,14 @@ class TiedWeights:
     ``shared``: canonical names read by several offloaded names (tied weights). Those stay
     materialised in ``live`` from their first use until the owner calls :meth:`clear` (at the
     end of the model's forward), so a tied weight is copied once per forward, not once per user.
-    ``twins``: the tensor placed for each original (by ``id``), so ties stay one object.
+    ``twins``: the meta tensor left for each offloaded original (by ``id``) and ``placed``: the
+    tensor placed on a device for each original, so that ties stay one object.
     """
 
     shared: set[str] = field(default_factory=set)
     live: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
     twins: dict[int, torch.Tensor] = field(default_factory=dict)
+    placed: dict[int, torch.Tensor] = field(default_factory=dict)
     restored: dict[int, torch.Tensor] = field(default_factory=dict)  # by id of the meta twin
 
     def clear(self) -> None:
@@ -297,16 +299,21 @@ class AlignDevicesHook(ModelHook):
                                          remove_non_persistent=True))
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        memo = self.tied_params_map.twins
         if not self.offload:
             if self.execution_device is not None:
-                place_tensors(module, self.execution_device, self.place_submodules, memo)
+                place_tensors(module, self.execution_device, self.place_submodules,
+                              self.tied_params_map.placed)
             return module
+        memo = self.tied_params_map.twins
         tensors = self._offloaded(module)
         if self.weights_map is None:  # keep the CPU data (no copy when it is on the CPU)
             self.weights_map = {name: t.detach().to("cpu") for name, t in tensors}
             self._originals = dict(tensors)
+        placed = self.tied_params_map.placed
         for name, tensor in tensors:
+            if id(tensor) in placed and placed[id(tensor)].device == self.execution_device:
+                set_module_tensor(module, name, placed[id(tensor)])  # tied to a placed weight
+                continue
             self._devices[name] = tensor.device
             twin = memo.get(id(tensor))
             if twin is None:

@@ -3,8 +3,8 @@ and ``load_checkpoint_and_dispatch``).
 
 Checkpoints read: a safetensors file, a sharded folder with its ``model.safetensors.index.json``
 (what ``save_model`` writes), a folder holding either, and an accel checkpoint directory
-(``save_state``: ``model_0.safetensors``). Files are opened memory-mapped and read one tensor at
-a time, converted to the requested dtype, and put straight where the device map says: on a
+(``save_state``: ``model_0.safetensors``). Files are read one tensor at a time (never mapped or read
+whole), converted to the requested dtype, and put straight where the device map says: on a
 device, or into the offload folder for ``"disk"`` modules. Nothing is unpickled.
 
 Example:
@@ -20,20 +20,21 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from ..checkpoint.storage import CheckpointError, read_manifest
+from ..checkpoint.storage._st import ALIASES_KEY, DTYPE_NAMES, header_size, parse_header
 from .dispatch import dispatch_model, unplaced_tensors
 from .hooks import as_device, named_module_tensors, set_module_tensor
 from .offload import OffloadedWeightsLoader, offload_weight, save_offload_index
@@ -41,7 +42,6 @@ from .offload import OffloadedWeightsLoader, offload_weight, save_offload_index
 __all__ = ["checkpoint_files", "load_checkpoint_and_dispatch", "load_checkpoint_in_model"]
 
 _INDEX = "model.safetensors.index.json"
-_ALIASES = "accel.aliases"  # tied names written once by accel's safetensors writer
 _AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
@@ -98,15 +98,43 @@ def checkpoint_files(checkpoint: str | Path) -> list[Path]:
                           "directory", path=path)
 
 
-def _read(files: Sequence[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) for every tensor of ``files``, read one at a time."""
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            aliases = json.loads((handle.metadata() or {}).get(_ALIASES, "{}"))
-            for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, handle.get_tensor(name)
-            for alias, target in aliases.items():
-                yield alias, handle.get_tensor(target)
+def _read_tensor(handle: BinaryIO, start: int, entry: Mapping[str, Any], name: str,
+                 path: Path) -> torch.Tensor:
+    """One tensor of an open safetensors file, read into fresh memory (one copy)."""
+    try:
+        out = torch.empty([int(d) for d in entry["shape"]], dtype=DTYPE_NAMES[entry["dtype"]])
+        begin, stop = (int(x) for x in entry["data_offsets"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: entry {name!r} is malformed ({exc!r})", path=path) from None
+    if stop - begin != out.numel() * out.element_size():
+        raise CheckpointError(f"{path}: entry {name!r} has {stop - begin} bytes, its shape and "
+                              f"dtype need {out.numel() * out.element_size()}", path=path)
+    if out.numel():
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+        handle.seek(start + begin)
+        done = 0
+        while done < len(view):
+            got = handle.readinto(view[done:])
+            if not got:
+                raise CheckpointError(f"{path} ends inside tensor {name!r}; the file is "
+                                      "truncated", path=path)
+            done += got
+    return out
+
+
+def _read(files: Sequence[Path]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """(name, read it) for every tensor of ``files``: nothing is read until asked for, and each
+    tensor is read on its own (files are never mapped or read whole)."""
+    for path in files:
+        with open(path, "rb", buffering=0) as handle:
+            start = header_size(handle.read(8), str(path))
+            handle.seek(0)
+            entries, metadata = parse_header(handle.read(start), str(path))
+            aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
+            names = [(n, n) for n in entries] + [(a, t) for a, t in aliases.items()]
+            for name, stored in names:
+                yield name, functools.partial(_read_tensor, handle, start, entries[stored],
+                                              name, path)
 
 
 def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
@@ -248,7 +276,7 @@ def _load(plan: _Plan, files: Sequence[Path], folder: str | Path | None, stage: 
     staged: dict[str, Any] = {}
     done: set[int] = set()
     unexpected: list[str] = []
-    for name, raw in _read(files):
+    for name, read in _read(files):
         if name not in plan.tensors:
             unexpected.append(name)
             continue
@@ -256,18 +284,20 @@ def _load(plan: _Plan, files: Sequence[Path], folder: str | Path | None, stage: 
         if key in done:
             continue  # a tied name already loaded under another name
         done.add(key)
-        value, where = plan.convert(name, raw), plan.where(name)
-        del raw
-        if str(where) == "disk":
+        value = plan.convert(name, read())
+        places = [plan.where(alias) for alias in plan.groups[key]]
+        held = [p for p in places if str(p) != "disk"]
+        if len(held) < len(places):  # a "disk" user: the weight goes to the offload folder
             assert folder is not None  # checked by the caller
             offload_weight(value, name, folder, index)
             for alias in plan.groups[key]:
                 index[alias] = index[name]
+        if not held:
             _to_meta(plan, name)
-        elif stage is not None and str(where) == "cpu":
+        elif stage is not None and str(held[0]) == "cpu":
             offload_weight(value, name, stage, staged)
         else:
-            _put(plan, name, value, where)
+            _put(plan, name, value, held[0])
     if index:
         assert folder is not None
         save_offload_index(index, folder)

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 __all__ = ["INDEX_FILE", "OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight",
-           "offload_state_dict", "offload_weight", "save_offload_index"]
+           "offload_state_dict", "offload_weight", "read_offload_index", "save_offload_index"]
 
 INDEX_FILE = "index.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -114,8 +114,9 @@ def load_offloaded_weight(weight_file: str | Path, weight_info: Mapping[str, Any
                             offset=int(weight_info["offset"])).view(shape)
 
 
-def _read_index(folder: Path) -> dict[str, Any]:
-    path = folder / INDEX_FILE
+def read_offload_index(folder: str | Path) -> dict[str, Any]:
+    """The index of an offload folder ({} when it has none yet)."""
+    path = Path(folder) / INDEX_FILE
     if not path.is_file():
         return {}
     try:
@@ -149,7 +150,7 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         self.state_dict = dict(state_dict or {})
         self.save_folder = None if save_folder is None else Path(save_folder)
         if index is None and self.save_folder is not None:
-            index = _read_index(self.save_folder)
+            index = read_offload_index(self.save_folder)
         self.index = dict(index or {})
         if self.index and self.save_folder is None:
             raise ValueError("an offload index needs the save_folder its files are in")
