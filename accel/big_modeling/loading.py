@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import io
 import json
 import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from torch import nn
@@ -98,7 +99,7 @@ def checkpoint_files(checkpoint: str | Path) -> list[Path]:
                           "directory", path=path)
 
 
-def _read_tensor(handle: BinaryIO, start: int, entry: Mapping[str, Any], name: str,
+def _read_tensor(handle: io.RawIOBase, start: int, entry: Mapping[str, Any], name: str,
                  path: Path) -> torch.Tensor:
     """One tensor of an open safetensors file, read into fresh memory (one copy)."""
     try:
