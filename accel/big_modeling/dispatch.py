@@ -36,6 +36,7 @@ from .hooks import (
     named_module_tensors,
     place_tensors,
     remove_hook_from_submodules,
+    set_module_tensor,
     storage_key,
 )
 from .offload import (
@@ -204,18 +205,29 @@ def dispatch_model(model: nn.Module, device_map: DeviceMap,
     loader = _weights(model, device_map, main, opts)
     tied = TiedWeights()
     _share_ties(loader, tied)
+    _attach(model, device_map, main, loader, tied, offload_buffers, skip_keys)
+    if "" not in device_map:
+        add_hook_to_module(model, _ModelIOHook(main, skip_keys, tied), append=True)
+    model.__dict__["hf_device_map"] = dict(device_map)
+    return model
+
+
+def _attach(model: nn.Module, device_map: DeviceMap, main: torch.device,
+            loader: OffloadedWeightsLoader | None, tied: TiedWeights, offload_buffers: bool,
+            skip_keys: str | list[str] | None) -> None:
+    """One hook per device-map entry: placing it, or offloading it (run on ``main``)."""
     def offloaded_entry(name: str) -> bool:
         where = str(device_map[name])
         return where == "disk" or (where == "cpu" and main != torch.device("cpu"))
 
+    modules = dict(model.named_modules())
     # placed entries first: an offloaded weight tied to a placed one then uses that one
     for name in sorted(device_map, key=lambda n: (offloaded_entry(n), len(n))):
         target = device_map[name]
         offloaded = offloaded_entry(name)
-        module = model.get_submodule(name) if name in dict(model.named_modules()) else None
-        if module is None:  # a tensor named directly: place it (offloading needs a module)
-            place_tensors(_tensor_owner(model, name), as_device(
-                main if offloaded else target), recurse=False, memo=tied.placed)
+        module = modules.get(name)
+        if module is None:  # a tensor named directly: placed (offloading needs a module)
+            _place_one(model, name, main if offloaded else as_device(target), tied)
             continue
         hook = AlignDevicesHook(
             execution_device=main if offloaded else as_device(target), offload=offloaded,
@@ -223,14 +235,17 @@ def dispatch_model(model: nn.Module, device_map: DeviceMap,
             and loader is not None else None, offload_buffers=offload_buffers,
             place_submodules=True, skip_keys=skip_keys, tied_params_map=tied)
         add_hook_to_module(module, hook)
-    if "" not in device_map:
-        add_hook_to_module(model, _ModelIOHook(main, skip_keys, tied), append=True)
-    model.__dict__["hf_device_map"] = dict(device_map)
-    return model
 
 
-def _tensor_owner(model: nn.Module, name: str) -> nn.Module:
-    return model.get_submodule(name.rpartition(".")[0])
+def _place_one(model: nn.Module, name: str, device: torch.device, tied: TiedWeights) -> None:
+    tensor = dict(named_module_tensors(model, recurse=True))[name]
+    placed = tied.placed.get(id(tensor))
+    if placed is None:
+        data = tensor.detach().to(device)
+        placed = nn.Parameter(data, tensor.requires_grad) \
+            if isinstance(tensor, nn.Parameter) else data
+        tied.placed[id(tensor)] = placed
+    set_module_tensor(model, name, placed)
 
 
 def _leaves_with_weights(model: nn.Module) -> list[str]:

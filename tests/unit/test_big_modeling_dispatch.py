@@ -513,3 +513,24 @@ def test_gpu_cpu_offload_copies_each_weight_once(tmp_path: Path) -> None:
     disk = _model()
     disk_offload(disk, tmp_path, execution_device="cuda:0")
     assert torch.allclose(disk(IDS.to("cuda")), expected, atol=1e-5)
+
+
+class Scaled(nn.Module):
+    """A model with a parameter of its own (not in a child), named directly in device maps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(2.0))
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)) * self.scale
+
+
+def test_device_map_may_name_a_tensor(tmp_path: Path) -> None:
+    model = Scaled()
+    expected = model(torch.ones(1, 3))
+    dispatch_model(model, {"scale": "cpu", "a": "cpu", "b": "disk"}, offload_dir=tmp_path)
+    assert not model.scale.is_meta and model.b.weight.is_meta and not model.a.weight.is_meta
+    assert torch.equal(model(torch.ones(1, 3)), expected)
