@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "free_memory": "accel.memory",
     "init_empty_weights": "accel.big_modeling",
     "cpu_offload": "accel.big_modeling",
+    "cpu_offload_with_hook": "accel.big_modeling",
     "disk_offload": "accel.big_modeling",
     "dispatch_model": "accel.big_modeling",
     "load_checkpoint_and_dispatch": "accel.big_modeling",
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator as Accelerator
     from .availability import is_rich_available as is_rich_available
     from .big_modeling import cpu_offload as cpu_offload
+    from .big_modeling import cpu_offload_with_hook as cpu_offload_with_hook
     from .big_modeling import disk_offload as disk_offload
     from .big_modeling import dispatch_model as dispatch_model
     from .big_modeling import init_empty_weights as init_empty_weights

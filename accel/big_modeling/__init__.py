@@ -11,12 +11,14 @@ Example:
 
 from __future__ import annotations
 
-from .dispatch import cpu_offload, disk_offload, dispatch_model
+from .dispatch import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
 from .empty import init_empty_weights, init_on_device
 from .hooks import (
     AlignDevicesHook,
+    CpuOffload,
     ModelHook,
     SequentialHook,
+    UserCpuOffloadHook,
     add_hook_to_module,
     remove_hook_from_module,
     remove_hook_from_submodules,
@@ -33,12 +35,15 @@ from .offload import (
 
 __all__ = [
     "AlignDevicesHook",
+    "CpuOffload",
     "ModelHook",
     "OffloadedWeightsLoader",
     "PrefixedDataset",
     "SequentialHook",
+    "UserCpuOffloadHook",
     "add_hook_to_module",
     "cpu_offload",
+    "cpu_offload_with_hook",
     "disk_offload",
     "dispatch_model",
     "init_empty_weights",

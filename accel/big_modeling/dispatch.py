@@ -29,8 +29,10 @@ from torch import nn
 from ..data import send_to_device
 from .hooks import (
     AlignDevicesHook,
+    CpuOffload,
     ModelHook,
     TiedWeights,
+    UserCpuOffloadHook,
     add_hook_to_module,
     as_device,
     named_module_tensors,
@@ -46,7 +48,8 @@ from .offload import (
     read_offload_index,
 )
 
-__all__ = ["cpu_offload", "dispatch_model", "disk_offload", "unplaced_tensors"]
+__all__ = ["cpu_offload", "cpu_offload_with_hook", "dispatch_model", "disk_offload",
+           "unplaced_tensors"]
 
 DeviceMap = Mapping[str, "int | str | torch.device"]
 _OFFLOAD = ("cpu", "disk")
@@ -276,6 +279,26 @@ def cpu_offload(model: nn.Module, execution_device: torch.device | str | int | N
     return _offload_leaves(model, device, loader, offload_buffers)
 
 
+def cpu_offload_with_hook(model: nn.Module,
+                          execution_device: torch.device | str | int | None = None,
+                          prev_module_hook: UserCpuOffloadHook | None = None
+                          ) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Keep ``model`` on the CPU until its forward, then on ``execution_device`` until
+    ``hook.offload()`` (called for you by the next model's hook given ``prev_module_hook``):
+    whole models move at once, for pipelines that run several models in turn.
+
+    Example:
+        >>> import torch
+        >>> first, hook = cpu_offload_with_hook(torch.nn.Linear(2, 2), "cpu")
+        >>> second, _ = cpu_offload_with_hook(torch.nn.Linear(2, 2), "cpu", prev_module_hook=hook)
+        >>> second(first(torch.ones(1, 2))).shape
+        torch.Size([1, 2])
+    """
+    hook = CpuOffload(execution_device, prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
+
+
 def disk_offload(model: nn.Module, offload_dir: str | Path,
                  execution_device: torch.device | str | int | None = None,
                  offload_buffers: bool = False,
@@ -308,11 +331,12 @@ def _offload_leaves(model: nn.Module, device: torch.device,
         tied.shared = {key for key in keys if keys.count(key) > 1}
     else:
         _share_ties(loader, tied)
+    # the root's input/output hook first: it sees the input where the caller put it
+    add_hook_to_module(model, _ModelIOHook(device, None, tied))
     for name in _leaves_with_weights(model):
         module = model.get_submodule(name)
         weights = None if loader is None else PrefixedDataset(loader, f"{name}." if name else "")
         add_hook_to_module(module, AlignDevicesHook(
             execution_device=device, offload=True, offload_buffers=offload_buffers,
-            weights_map=weights, tied_params_map=tied))
-    add_hook_to_module(model, _ModelIOHook(device, None, tied), append=True)
+            weights_map=weights, tied_params_map=tied), append=not name)
     return model

@@ -31,9 +31,10 @@ from torch import nn
 
 from ..data import send_to_device
 
-__all__ = ["AlignDevicesHook", "ModelHook", "SequentialHook", "TiedWeights", "add_hook_to_module",
-           "as_device", "named_module_tensors", "remove_hook_from_module",
-           "place_tensors", "remove_hook_from_submodules", "set_module_tensor", "storage_key"]
+__all__ = ["AlignDevicesHook", "CpuOffload", "ModelHook", "SequentialHook", "TiedWeights",
+           "add_hook_to_module", "as_device", "named_module_tensors", "remove_hook_from_module",
+           "place_tensors", "remove_hook_from_submodules", "set_module_tensor", "storage_key",
+           "UserCpuOffloadHook"]
 
 _META = torch.device("meta")
 
@@ -398,3 +399,39 @@ class AlignDevicesHook(ModelHook):
         self._meta.clear()
         self._originals.clear()
         return module
+
+
+class CpuOffload(ModelHook):
+    """The whole module on ``execution_device`` from its forward on, until ``offload()`` puts it
+    back on the CPU (the previous model's hook does that when the next model runs)."""
+
+    def __init__(self, execution_device: torch.device | str | int | None = None,
+                 prev_module_hook: UserCpuOffloadHook | None = None) -> None:
+        self.execution_device = as_device(execution_device if execution_device is not None
+                                          else "cpu")
+        self.prev_module_hook = prev_module_hook
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module.to("cpu")
+
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if self.prev_module_hook is not None:
+            self.prev_module_hook.offload()
+        module.to(self.execution_device)
+        return (send_to_device(args, self.execution_device),
+                send_to_device(kwargs, self.execution_device))
+
+
+class UserCpuOffloadHook:
+    """What ``cpu_offload_with_hook`` returns: ``offload()`` the model now, or ``remove()`` the
+    hook."""
+
+    def __init__(self, model: nn.Module, hook: CpuOffload) -> None:
+        self.model, self.hook = model, hook
+
+    def offload(self) -> None:
+        self.hook.init_hook(self.model)
+
+    def remove(self) -> None:
+        remove_hook_from_module(self.model)

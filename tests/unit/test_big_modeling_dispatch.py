@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from accel.big_modeling import (
     SequentialHook,
     add_hook_to_module,
     cpu_offload,
+    cpu_offload_with_hook,
     disk_offload,
     dispatch_model,
     init_empty_weights,
@@ -221,7 +223,11 @@ def test_tied_disk_weight_is_shared_by_both_users_in_one_forward(tmp_path: Path)
         return original(ids)
 
     model.embed._old_forward = embed_forward
+    loader = model.head._hf_hook.weights_map.dataset
+    before = loader.loads
     assert torch.equal(model(IDS), expected)
+    assert loader.loads - before == 1  # embed.weight and head.weight: one file, read once
+    assert not model.head._hf_hook.tied_params_map.live  # dropped when the forward ended
     assert model.head.seen == seen_by_embed  # the very same materialised tensor
 
 
@@ -320,13 +326,15 @@ def test_dispatch_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="meta device.*load_checkpoint_in_model"):
         dispatch_model(empty, {"embed": "cpu", "blocks": "cpu", "norm": "cpu", "head": "disk"},
                        offload_dir=tmp_path, force_hooks=True)
-    with pytest.raises(NotImplementedError, match="dict device map"):
-        if not os.path.exists(ROOT / "accel/big_modeling/placement.py"):
-            load_checkpoint_and_dispatch(_model(), tmp_path, device_map="auto")
-        else:
-            raise NotImplementedError("dict device map (placement merged: nothing to check)")
     with pytest.raises(ValueError, match="'best'"):
         load_checkpoint_and_dispatch(_model(), tmp_path, device_map="best")
+
+
+def test_auto_map_without_placement_says_what_to_do(tmp_path: Path) -> None:
+    if importlib.util.find_spec("accel.big_modeling.placement") is not None:
+        pytest.skip("placement is merged: test_auto_device_map_once_placement_is_merged runs")
+    with pytest.raises(NotImplementedError, match="pass a dict device map"):
+        load_checkpoint_and_dispatch(_model(), tmp_path, device_map="auto")
 
 
 # ------------------------------------------------------------------------ loading
@@ -534,3 +542,32 @@ def test_device_map_may_name_a_tensor(tmp_path: Path) -> None:
     dispatch_model(model, {"scale": "cpu", "a": "cpu", "b": "disk"}, offload_dir=tmp_path)
     assert not model.scale.is_meta and model.b.weight.is_meta and not model.a.weight.is_meta
     assert torch.equal(model(torch.ones(1, 3)), expected)
+
+
+def test_offload_of_a_model_with_its_own_parameter_round_trips(tmp_path: Path) -> None:
+    model = Scaled()
+    x = torch.ones(1, 3)
+    expected = model(x)
+    scale = model.scale
+    cpu_offload(model)
+    assert model.scale.is_meta and isinstance(model._hf_hook, SequentialHook)
+    assert torch.equal(model(x), expected)
+    remove_hook_from_module(model, recurse=True)
+    assert model.scale is scale and "forward" not in model.__dict__
+    disk_offload(model, tmp_path)
+    assert torch.equal(model(x), expected) and model.scale.is_meta
+
+
+def test_cpu_offload_with_hook_moves_whole_models_in_turn() -> None:
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    expected = second(first(x))
+    first, hook = cpu_offload_with_hook(first, "cpu")
+    offloaded: list[str] = []
+    hook_offload = hook.offload
+    hook.offload = lambda: (offloaded.append("first"), hook_offload())[1]  # type: ignore[method-assign]
+    second, second_hook = cpu_offload_with_hook(second, "cpu", prev_module_hook=hook)
+    assert torch.equal(second(first(x)), expected)
+    assert offloaded == ["first"]  # running the second model put the first one back
+    second_hook.remove()
+    assert "_hf_hook" not in second.__dict__
