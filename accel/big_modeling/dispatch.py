@@ -19,7 +19,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,14 +188,14 @@ def dispatch_model(model: nn.Module, device_map: DeviceMap,
         offload_index: the offload folder's index (see ``offload_state_dict``).
         offload_buffers: offload buffers too (default: they stay on the execution device).
         skip_keys: keys of dict inputs and outputs that are not moved between devices.
-        preload_module_classes: class names whose submodules' weights load together (the whole
-            offloaded entry always loads at once here, so this is accepted for compatibility).
+        preload_module_classes: class names whose instances load all their weights at once
+            (for modules that use a submodule's weights without calling it); otherwise each
+            offloaded module with weights of its own loads them for its own forward.
         force_hooks: hook the model even when it fits one device.
 
     Raises:
         ValueError: a tensor no entry covers, or an entry that names nothing (both named).
     """
-    del preload_module_classes  # every offloaded entry is loaded as one block already
     _check_map(model, device_map)
     main = _main_device(device_map, main_device)
     devices = {str(d) for d in device_map.values()}
@@ -204,11 +205,12 @@ def dispatch_model(model: nn.Module, device_map: DeviceMap,
         model.__dict__["hf_device_map"] = dict(device_map)
         return model
     opts = {"offload_buffers": offload_buffers, "state_dict": state_dict,
-            "offload_dir": offload_dir, "offload_index": offload_index}
+            "offload_dir": offload_dir, "offload_index": offload_index, "skip_keys": skip_keys,
+            "preload": list(preload_module_classes or [])}
     loader = _weights(model, device_map, main, opts)
     tied = TiedWeights()
     _share_ties(loader, tied)
-    _attach(model, device_map, main, loader, tied, offload_buffers, skip_keys)
+    _attach(model, device_map, main, loader, tied, opts)
     if "" not in device_map:
         add_hook_to_module(model, _ModelIOHook(main, skip_keys, tied), append=True)
     model.__dict__["hf_device_map"] = dict(device_map)
@@ -216,28 +218,60 @@ def dispatch_model(model: nn.Module, device_map: DeviceMap,
 
 
 def _attach(model: nn.Module, device_map: DeviceMap, main: torch.device,
-            loader: OffloadedWeightsLoader | None, tied: TiedWeights, offload_buffers: bool,
-            skip_keys: str | list[str] | None) -> None:
-    """One hook per device-map entry: placing it, or offloading it (run on ``main``)."""
+            loader: OffloadedWeightsLoader | None, tied: TiedWeights, opts: dict[str, Any]
+            ) -> None:
+    """Hooks for every device-map entry: placing it, or offloading it (run on ``main``)."""
     def offloaded_entry(name: str) -> bool:
         where = str(device_map[name])
         return where == "disk" or (where == "cpu" and main != torch.device("cpu"))
 
     modules = dict(model.named_modules())
+    skip, preload = opts["skip_keys"], opts["preload"]
     # placed entries first: an offloaded weight tied to a placed one then uses that one
     for name in sorted(device_map, key=lambda n: (offloaded_entry(n), len(n))):
-        target = device_map[name]
-        offloaded = offloaded_entry(name)
         module = modules.get(name)
-        if module is None:  # a tensor named directly: placed (offloading needs a module)
-            _place_one(model, name, main if offloaded else as_device(target), tied)
+        if offloaded_entry(name):
+            if module is None:  # a tensor named directly: it stays with the execution device
+                _place_one(model, name, main, tied)
+                continue
+            _hook_tree(module, name, preload, lambda prefix, whole: AlignDevicesHook(
+                execution_device=main, offload=True, offload_buffers=opts["offload_buffers"],
+                weights_map=None if loader is None else PrefixedDataset(
+                    loader, f"{prefix}." if prefix else ""),
+                place_submodules=whole, skip_keys=skip, tied_params_map=tied))
             continue
-        hook = AlignDevicesHook(
-            execution_device=main if offloaded else as_device(target), offload=offloaded,
-            weights_map=PrefixedDataset(loader, f"{name}." if name else "") if offloaded
-            and loader is not None else None, offload_buffers=offload_buffers,
-            place_submodules=True, skip_keys=skip_keys, tied_params_map=tied)
-        add_hook_to_module(module, hook)
+        device = as_device(device_map[name])
+        if module is None:
+            _place_one(model, name, device, tied)
+            continue
+        add_hook_to_module(module, AlignDevicesHook(
+            execution_device=device, place_submodules=True, skip_keys=skip, tied_params_map=tied))
+        follow = functools.partial(_follower, device, skip, tied)
+        for child_name, child in module.named_children():  # inputs follow into every part
+            _hook_tree(child, child_name, preload, follow)
+
+
+def _follower(device: torch.device, skip: str | list[str] | None, tied: TiedWeights,
+              _name: str, whole: bool) -> ModelHook:
+    """A hook that moves a placed part's inputs to its device (its tensors are there)."""
+    return AlignDevicesHook(execution_device=device, place_submodules=whole, skip_keys=skip,
+                            tied_params_map=tied)
+
+
+def _hook_tree(module: nn.Module, prefix: str, preload: Sequence[str],
+               make: Callable[[str, bool], ModelHook], append_root: bool = False) -> None:
+    """``make(name, whole)``'s hook on every module under ``module`` that holds tensors of its
+    own; an instance of a ``preload`` class gets one hook for all of its tensors (``whole``)."""
+    stack = [(prefix, module)]
+    while stack:
+        name, current = stack.pop()
+        whole = type(current).__name__ in preload
+        if whole or next(named_module_tensors(current), None) is not None:
+            add_hook_to_module(current, make(name, whole),
+                               append=append_root and current is module)
+        if not whole:
+            stack.extend((f"{name}.{child}" if name else child, sub)
+                         for child, sub in current.named_children())
 
 
 def _place_one(model: nn.Module, name: str, device: torch.device, tied: TiedWeights) -> None:
@@ -249,12 +283,6 @@ def _place_one(model: nn.Module, name: str, device: torch.device, tied: TiedWeig
             if isinstance(tensor, nn.Parameter) else data
         tied.placed[id(tensor)] = placed
     set_module_tensor(model, name, placed)
-
-
-def _leaves_with_weights(model: nn.Module) -> list[str]:
-    """Modules holding tensors of their own (their tensors offloaded together)."""
-    return [name for name, module in model.named_modules()
-            if next(named_module_tensors(module), None) is not None]
 
 
 def cpu_offload(model: nn.Module, execution_device: torch.device | str | int | None = None,
@@ -273,10 +301,9 @@ def cpu_offload(model: nn.Module, execution_device: torch.device | str | int | N
         >>> model[0].weight.is_meta, model(torch.ones(1, 2)).shape
         (True, torch.Size([1, 2]))
     """
-    del preload_module_classes
     device = as_device(execution_device if execution_device is not None else "cpu")
     loader = None if state_dict is None else OffloadedWeightsLoader(state_dict=state_dict)
-    return _offload_leaves(model, device, loader, offload_buffers)
+    return _offload_leaves(model, device, loader, offload_buffers, preload_module_classes or [])
 
 
 def cpu_offload_with_hook(model: nn.Module,
@@ -308,7 +335,6 @@ def disk_offload(model: nn.Module, offload_dir: str | Path,
 
     An ``offload_dir`` that already holds an index is used as it is (nothing is written).
     """
-    del preload_module_classes
     device = as_device(execution_device if execution_device is not None else "cpu")
     folder = Path(offload_dir)
     if not (folder / "index.json").is_file():
@@ -316,11 +342,12 @@ def disk_offload(model: nn.Module, offload_dir: str | Path,
                                           remove_non_persistent=True))
         offload_state_dict(folder, state)
     return _offload_leaves(model, device, OffloadedWeightsLoader(save_folder=folder),
-                           offload_buffers)
+                           offload_buffers, preload_module_classes or [])
 
 
 def _offload_leaves(model: nn.Module, device: torch.device,
-                    loader: OffloadedWeightsLoader | None, offload_buffers: bool) -> nn.Module:
+                    loader: OffloadedWeightsLoader | None, offload_buffers: bool,
+                    preload: Sequence[str]) -> nn.Module:
     """One offloading hook per module with tensors of its own. Without ``loader`` each hook
     keeps its module's CPU tensors (no copy; they come back as they were on removal)."""
     remove_hook_from_submodules(model)
@@ -333,10 +360,9 @@ def _offload_leaves(model: nn.Module, device: torch.device,
         _share_ties(loader, tied)
     # the root's input/output hook first: it sees the input where the caller put it
     add_hook_to_module(model, _ModelIOHook(device, None, tied))
-    for name in _leaves_with_weights(model):
-        module = model.get_submodule(name)
-        weights = None if loader is None else PrefixedDataset(loader, f"{name}." if name else "")
-        add_hook_to_module(module, AlignDevicesHook(
-            execution_device=device, offload=True, offload_buffers=offload_buffers,
-            weights_map=weights, tied_params_map=tied), append=not name)
+    _hook_tree(model, "", preload, lambda name, whole: AlignDevicesHook(
+        execution_device=device, offload=True, offload_buffers=offload_buffers,
+        weights_map=None if loader is None else PrefixedDataset(
+            loader, f"{name}." if name else ""),
+        place_submodules=whole, tied_params_map=tied), append_root=True)
     return model

@@ -253,6 +253,17 @@ def _find_device(data: Any) -> torch.device | None:
     return None
 
 
+def _refuse_meta_inputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> None:
+    """A meta input has no data: something upstream ran on weights that were never loaded."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.is_meta:
+            raise RuntimeError(
+                f"{type(module).__name__} got an input on the meta device: a module before it "
+                "used offloaded weights of a submodule it did not call; pass that module's class "
+                "in preload_module_classes=[...] so its weights load for its whole forward")
+
+
 class AlignDevicesHook(ModelHook):
     """Inputs (and weights) on ``execution_device`` for the forward; weights offloaded with
     ``offload=True``.
@@ -365,6 +376,8 @@ class AlignDevicesHook(ModelHook):
             for name in self._meta:
                 set_module_tensor(module, name, self._materialise(name, local))
         device = self.execution_device
+        if device is not None and device != _META:
+            _refuse_meta_inputs(module, args, kwargs)
         return (send_to_device(args, device),
                 send_to_device(kwargs, device, skip_keys=self.skip_keys))
 

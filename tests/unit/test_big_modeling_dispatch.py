@@ -571,3 +571,47 @@ def test_cpu_offload_with_hook_moves_whole_models_in_turn() -> None:
     assert offloaded == ["first"]  # running the second model put the first one back
     second_hook.remove()
     assert "_hf_hook" not in second.__dict__
+
+
+def test_offloaded_containers_hook_their_parts(tmp_path: Path) -> None:
+    # a ModuleList is never called: its layers must load their own weights when they run
+    model = _model()
+    expected = model(IDS)
+    dispatch_model(model, {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "cpu"},
+                   offload_dir=tmp_path)
+    assert "_hf_hook" in model.blocks[0][0].__dict__
+    assert torch.equal(model(IDS), expected)
+
+
+class UsesChildWeight(nn.Module):
+    """Reads its child's weight without calling the child (needs preload_module_classes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.proj.weight)
+
+
+def test_preload_module_classes_load_a_whole_module(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    x = torch.ones(2, 4)
+    model = nn.Sequential(UsesChildWeight(), nn.Linear(4, 4))
+    expected = model(x)
+    dispatch_model(model, {"0": "disk", "1": "cpu"}, offload_dir=tmp_path / "a")
+    assert "_hf_hook" in model[0].proj.__dict__  # by default: per module with own weights
+    remove_hook_from_module(model, recurse=True)
+    dispatch_model(model, {"0": "disk", "1": "cpu"}, offload_dir=tmp_path / "b",
+                   preload_module_classes=["UsesChildWeight"])
+    assert "_hf_hook" not in model[0].proj.__dict__ and "_hf_hook" in model[0].__dict__
+    assert torch.equal(model(x), expected)
+    remove_hook_from_module(model, recurse=True)
+    disk_offload(model, tmp_path / "c", preload_module_classes=["UsesChildWeight"])
+    assert torch.equal(model(x), expected)
+
+
+def test_a_meta_input_is_refused_with_the_fix() -> None:
+    layer = add_hook_to_module(nn.Linear(2, 2), AlignDevicesHook(execution_device="cpu"))
+    with pytest.raises(RuntimeError, match="preload_module_classes"):
+        layer(torch.empty(1, 2, device="meta"))
