@@ -42,6 +42,12 @@ _EXPORTS: dict[str, str] = {
     "free_memory": "accel.memory",
     "infer_auto_device_map": "accel.big_modeling",
     "init_empty_weights": "accel.big_modeling",
+    "cpu_offload": "accel.big_modeling",
+    "cpu_offload_with_hook": "accel.big_modeling",
+    "disk_offload": "accel.big_modeling",
+    "dispatch_model": "accel.big_modeling",
+    "load_checkpoint_and_dispatch": "accel.big_modeling",
+    "load_checkpoint_in_model": "accel.big_modeling",
     "init_on_device": "accel.big_modeling",
     "get_logger": "accel.logging",
     "load": "accel.checkpoint",
@@ -74,9 +80,15 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator as Accelerator
     from .availability import is_rich_available as is_rich_available
+    from .big_modeling import cpu_offload as cpu_offload
+    from .big_modeling import cpu_offload_with_hook as cpu_offload_with_hook
+    from .big_modeling import disk_offload as disk_offload
+    from .big_modeling import dispatch_model as dispatch_model
     from .big_modeling import infer_auto_device_map as infer_auto_device_map
     from .big_modeling import init_empty_weights as init_empty_weights
     from .big_modeling import init_on_device as init_on_device
+    from .big_modeling import load_checkpoint_and_dispatch as load_checkpoint_and_dispatch
+    from .big_modeling import load_checkpoint_in_model as load_checkpoint_in_model
     from .checkpoint import load as load
     from .checkpoint import save as save
     from .config import AutocastKwargs as AutocastKwargs

@@ -15,7 +15,7 @@ for arg in "$@"; do [[ "$arg" == --quick ]] && quick=1; done
 
 scripts=(bench_step.py bench_gather.py bench_fsdp.py bench_import.py bench_launch.py
          bench_checkpoint.py bench_sharded_checkpoint.py bench_horovod.py
-         bench_horovod_elastic.py)
+         bench_horovod_elastic.py bench_big_model.py)
 if "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     scripts+=(bench_gpu.py)
 else

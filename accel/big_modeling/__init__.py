@@ -12,7 +12,27 @@ Example:
 from __future__ import annotations
 
 from .budget import get_max_memory
+from .dispatch import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
 from .empty import init_empty_weights, init_on_device
+from .hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    ModelHook,
+    SequentialHook,
+    UserCpuOffloadHook,
+    add_hook_to_module,
+    remove_hook_from_module,
+    remove_hook_from_submodules,
+)
+from .loading import load_checkpoint_and_dispatch, load_checkpoint_in_model
+from .offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
 from .placement import (
     check_device_map,
     clean_device_map,
@@ -25,10 +45,22 @@ from .placement import (
 from .sizes import convert_file_size_to_int, dtype_byte_size
 
 __all__ = [
+    "AlignDevicesHook",
+    "CpuOffload",
+    "ModelHook",
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
+    "SequentialHook",
+    "UserCpuOffloadHook",
+    "add_hook_to_module",
     "check_device_map",
     "clean_device_map",
     "compute_module_sizes",
     "convert_file_size_to_int",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
     "dtype_byte_size",
     "find_tied_parameters",
     "get_balanced_memory",
@@ -37,4 +69,12 @@ __all__ = [
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "load_offloaded_weight",
+    "offload_state_dict",
+    "offload_weight",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+    "save_offload_index",
 ]

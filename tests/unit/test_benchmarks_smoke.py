@@ -26,6 +26,7 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     ("bench_launch.py", "Launch of 2 CPU processes"),
     ("bench_horovod.py", "hvd.DistributedOptimizer / DDP"),
     ("bench_horovod_elastic.py", "Wall time of hvd.elastic's commit"),
+    ("bench_big_model.py", "Big-model inference"),
 ])
 def test_cpu_benchmark_runs(script: str, title: str) -> None:
     done = _run(str(BENCH / script), "--quick", "--no-accelerate")
