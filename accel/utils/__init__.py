@@ -40,8 +40,8 @@ __all__ += operations.__all__
 __all__ += other.__all__
 __all__ += random.__all__
 
-#: Accelerate's ``accelerate.utils`` names for big-model placement, imported on first use (they
-#: live in accel.big_modeling, whose package also holds dispatch and offload).
+#: Accelerate's ``accelerate.utils`` names for big-model placement, offload and loading, imported
+#: on first use (they live in accel.big_modeling).
 _BIG_MODELING: dict[str, str] = {
     name: "accel.big_modeling.placement" for name in (
         "check_device_map", "clean_device_map", "compute_module_sizes", "find_tied_parameters",
@@ -50,6 +50,12 @@ _BIG_MODELING: dict[str, str] = {
     "convert_file_size_to_int": "accel.big_modeling.sizes",
     "dtype_byte_size": "accel.big_modeling.sizes",
     "get_max_memory": "accel.big_modeling.budget",
+} | {
+    name: "accel.big_modeling.offload" for name in (
+        "OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight", "offload_state_dict",
+        "offload_weight", "save_offload_index")
+} | {
+    "load_checkpoint_in_model": "accel.big_modeling.loading",
 }
 __all__ += sorted(_BIG_MODELING)
 
