@@ -85,6 +85,12 @@ ELSEWHERE = {
     "accel merge-weights runs/fsdp_lm/checkpoints/checkpoint_1 merged/": (
         "tests/e2e/test_examples.py", "test_fsdp_lm_trains_sharded_saves_shards_and_resumes"),
     "accel test": ("tests/e2e/test_launch.py", "test_accel_test_self_check"),
+    # disk-offloaded inference equal to the full model; the estimate of the same model
+    "python examples/big_model_inference.py": (
+        "tests/e2e/test_big_model_example.py",
+        "test_disk_offloaded_inference_equals_the_full_model"),
+    "accel estimate-memory examples/big_model_inference.py:build_model": (
+        "tests/e2e/test_big_model_example.py", "test_estimate_memory_of_the_example_model"),
     # Horovod's examples with only the import changed (and the same numbers under mpirun)
     "accel launch --cpu -np 2 examples/horovod_mnist.py": (
         "tests/e2e/test_horovod_examples.py",

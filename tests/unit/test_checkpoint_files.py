@@ -107,6 +107,23 @@ def test_load_refuses_torch_save_and_pickle_files_without_running_them(tmp_path:
     assert not marker.exists()  # ... and was never unpickled
 
 
+@pytest.mark.parametrize("protocol_byte", range(6))
+def test_safetensors_whose_header_length_looks_like_a_pickle_prefix_loads(
+        tmp_path: Path, protocol_byte: int) -> None:
+    """A header of 128 + 256 * k bytes (k <= 5) starts with b"\\x80" + bytes([k]): how a
+    pickle starts, too. Such files are valid safetensors and must load (they were refused)."""
+    from safetensors.torch import save_file
+
+    for width in range(1, 1500):  # a metadata string that pads the header to the length
+        path = tmp_path / "w.safetensors"
+        save_file({"w": torch.arange(4.0)}, str(path), metadata={"pad": "x" * width})
+        if path.read_bytes()[:2] == bytes([0x80, protocol_byte]):
+            break
+    else:
+        pytest.fail(f"no header of {128 + 256 * protocol_byte} bytes was produced")
+    assert torch.equal(load(path)["w"], torch.arange(4.0))
+
+
 def _good_checkpoint(target: Path) -> Path:
     writer = CheckpointWriter(target)
     writer.write_tensors("model.safetensors", {"w": torch.ones(3)})

@@ -165,12 +165,16 @@ def header_size(prefix: bytes, source: str) -> int:
     Raises:
         CheckpointError: naming ``source`` when the prefix is not a safetensors length.
     """
-    foreign = describe_foreign(prefix)
-    if foreign:
-        raise _invalid(source, foreign)
-    if len(prefix) < 8:
+    # A plausible length wins over the pickle/zip sniffing: a real header of 896 bytes starts
+    # with b"\x80\x03", which is also how a protocol-3 pickle starts. A pickle or zip file has
+    # opcodes or a signature in its first 8 bytes, so read as a length it is far too large.
+    size = int.from_bytes(prefix[:8], "little") if len(prefix) >= 8 else None
+    if size is None or size > _MAX_HEADER:
+        foreign = describe_foreign(prefix)
+        if foreign:
+            raise _invalid(source, foreign)
+    if size is None:
         raise _invalid(source, f"it has {len(prefix)} bytes, fewer than the 8-byte header length")
-    size = int.from_bytes(prefix[:8], "little")
     if size > _MAX_HEADER:
         raise _invalid(source, f"header length {size} is over the {_MAX_HEADER}-byte limit")
     return 8 + size
