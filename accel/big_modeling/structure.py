@@ -39,7 +39,7 @@ def retie_parameters(model: nn.Module, tied_params: Sequence[Sequence[str]]) -> 
     ``meta`` device (a group that is all on ``meta`` is left alone)."""
     for group in tied_params:
         params = [getattr(*_owner(model, name)) for name in group]
-        keep = next((p for p in params if p.device.type != "meta"), None)
+        keep = next((p for p in params if not p.is_meta), None)
         if keep is None:
             continue
         for name in group:

@@ -39,6 +39,7 @@ __all__ = ["align_module_device", "has_offloaded_params", "id_tensor_storage",
 #: Accelerate's ``tied_params_map``: data pointer -> {device: the tensor already placed there}.
 TiedParamsMap = MutableMapping[int, MutableMapping[Any, torch.Tensor]]
 _NOT_CAST = ("torch.uint", "torch.int", "torch.bool")
+_CPU, _META = torch.device("cpu"), torch.device("meta")
 
 
 def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
@@ -101,9 +102,7 @@ def _tied(tied_params_map: TiedParamsMap | None, device: Any, *tensors: torch.Te
 
 def _same_device(first: torch.device, second: torch.device) -> bool:
     """``cuda`` and ``cuda:0`` are the same device here (an accelerator without index is 0)."""
-    if first.type != second.type:
-        return False
-    return (first.index or 0) == (second.index or 0) or first.type == "cpu"
+    return first.type == second.type and (first.index or 0) == (second.index or 0)
 
 
 def _cast(value: Any, old: torch.Tensor, dtype: torch.dtype | None, tensor_name: str,
@@ -165,7 +164,7 @@ def set_module_tensor_to_device(
             owner._parameters[leaf] = reused  # type: ignore[assignment]  # tied: a Parameter
         return
     target = as_device(device)
-    if old.is_meta and target.type != "meta" and value is None:
+    if old.is_meta and target != _META and value is None:
         raise ValueError(f"{tensor_name!r} is on the meta device (it has no data); pass its "
                          f"value=... to put it on {target}")
     wanted = parse_dtype(dtype) if dtype is not None else None
@@ -175,8 +174,7 @@ def set_module_tensor_to_device(
                 target, non_blocking=non_blocking)
         else:
             new = old.to(target, non_blocking=non_blocking)
-            if wanted is not None and target.type == "meta" and \
-                    not str(old.dtype).startswith(_NOT_CAST):
+            if wanted is not None and target == _META and not str(old.dtype).startswith(_NOT_CAST):
                 new = new.to(wanted)
         if is_buffer:
             owner._buffers[leaf] = new
@@ -189,7 +187,7 @@ def set_module_tensor_to_device(
                 owner._parameters[leaf] = new  # type: ignore[assignment]
                 if fp16_statistics is not None:
                     new.SCB = fp16_statistics.to(target)  # type: ignore[attr-defined]
-    if clear_cache and target.type not in ("cpu", "meta"):
+    if clear_cache and target not in (_CPU, _META):
         clear_device_cache()
     _record(tied_params_map, device, owner, leaf, value, old)
 

@@ -336,3 +336,24 @@ def test_exports_follow_accelerate() -> None:
         assert name in accel.big_modeling.__all__
     for name in ("named_module_tensors", "set_module_tensor_to_device"):
         assert getattr(accel.hooks, name) is getattr(ours, name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_placements_match_accelerate() -> None:
+    """Device indexes (0, "cuda", "cuda:0") and the tie map keyed by the device as given."""
+    shared = torch.randn(5, 4)
+
+    def steps(put: Callable[..., Any], m: nn.Module) -> None:
+        tied: dict[int, dict[Any, torch.Tensor]] = {shared.data_ptr(): {}}
+        put(m, "emb.weight", 0, value=shared, tied_params_map=tied)
+        put(m, "head.weight", 0, value=shared, tied_params_map=tied)
+        put(m, "body.0.weight", "cuda", value=torch.ones(4, 4), dtype=torch.half)
+        put(m, "body.0.bias", "cuda:0", value=torch.ones(4))
+        put(m, "body.1.running_var", torch.device("cuda", 0), value=torch.ones(4))
+        m.body[0].bias = nn.Parameter(m.body[0].bias.detach().cpu())  # type: ignore[index]
+        put(m, "body.0.bias", 0)  # a real tensor moves without a value
+    got = {row[0]: row for row in _same(_meta_net, steps)}
+    assert got["head.weight"][6] == "emb.weight" and got["emb.weight"][2] == "cuda"
+    assert got["body.0.weight"][2:4] == ("cuda", torch.float16)
+    assert got["body.0.bias"][1:3] == ("Parameter", "cuda")
