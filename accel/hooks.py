@@ -20,6 +20,8 @@ from .big_modeling.hooks import (
     remove_hook_from_module,
     remove_hook_from_submodules,
 )
+from .big_modeling.tensors import named_module_tensors, set_module_tensor_to_device
 
 __all__ = ["AlignDevicesHook", "CpuOffload", "ModelHook", "SequentialHook", "UserCpuOffloadHook",
-           "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules"]
+           "add_hook_to_module", "named_module_tensors", "remove_hook_from_module",
+           "remove_hook_from_submodules", "set_module_tensor_to_device"]

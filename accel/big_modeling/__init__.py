@@ -43,6 +43,8 @@ from .placement import (
     infer_auto_device_map,
 )
 from .sizes import convert_file_size_to_int, dtype_byte_size
+from .state_dicts import extract_submodules_state_dict
+from .structure import retie_parameters
 
 __all__ = [
     "AlignDevicesHook",
@@ -62,6 +64,7 @@ __all__ = [
     "disk_offload",
     "dispatch_model",
     "dtype_byte_size",
+    "extract_submodules_state_dict",
     "find_tied_parameters",
     "get_balanced_memory",
     "get_max_layer_size",
@@ -76,5 +79,6 @@ __all__ = [
     "offload_weight",
     "remove_hook_from_module",
     "remove_hook_from_submodules",
+    "retie_parameters",
     "save_offload_index",
 ]

@@ -24,7 +24,8 @@ import re
 
 import torch
 
-__all__ = ["convert_file_size_to_int", "dtype_byte_size", "format_size", "parse_dtype"]
+__all__ = ["convert_bytes", "convert_file_size_to_int", "dtype_byte_size", "format_size",
+           "parse_dtype"]
 
 _PREFIX = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 _PATTERN = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(([kKmMgGtT]?)(i?)([bB])?)\s*")
@@ -111,3 +112,18 @@ def format_size(num_bytes: float) -> str:
         return f"{int(num_bytes)} B"
     power = min(int(math.log(num_bytes, 1024)), 4)
     return f"{num_bytes / 1024 ** power:.2f} {('B', 'KiB', 'MiB', 'GiB', 'TiB')[power]}"
+
+
+def convert_bytes(size: float) -> str:
+    """``size`` bytes in the largest unit under 1024 of it (steps of 1024, Accelerate's labels
+    and rounding: two decimals at most).
+
+    Example:
+        >>> convert_bytes(512), convert_bytes(1536), convert_bytes(3 * 2**30)
+        ('512 bytes', '1.5 KB', '3.0 GB')
+    """
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"

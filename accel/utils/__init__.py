@@ -47,6 +47,20 @@ _BIG_MODELING: dict[str, str] = {
         "check_device_map", "clean_device_map", "compute_module_sizes", "find_tied_parameters",
         "get_balanced_memory", "get_max_layer_size", "infer_auto_device_map")
 } | {
+    name: "accel.big_modeling.structure" for name in (
+        "calculate_maximum_sizes", "check_tied_parameters_in_config",
+        "check_tied_parameters_on_same_device", "ensure_weights_retied",
+        "get_module_children_bottom_up", "retie_parameters")
+} | {
+    name: "accel.big_modeling.tensors" for name in (
+        "align_module_device", "has_offloaded_params", "id_tensor_storage",
+        "named_module_tensors", "set_module_tensor_to_device")
+} | {
+    name: "accel.big_modeling.state_dicts" for name in (
+        "clean_state_dict_for_safetensors", "extract_submodules_state_dict",
+        "load_offloaded_weights", "load_state_dict")
+} | {
+    "convert_bytes": "accel.big_modeling.sizes",
     "convert_file_size_to_int": "accel.big_modeling.sizes",
     "dtype_byte_size": "accel.big_modeling.sizes",
     "get_max_memory": "accel.big_modeling.budget",

@@ -26,7 +26,6 @@ BEGIN, END = "<!-- accelerate-names -->", "<!-- /accelerate-names -->"
 _FSDP = ("Accelerate's FSDP internals (accel's FSDP2 runs through `prepare()` with `fsdp_plugin=`; "
          "`accel merge-weights` consolidates sharded checkpoints), or tensor / context "
          "parallelism (not supported)")
-_BIG = "big-model inference (device maps, offload): not yet (planned)"
 _DS = "DeepSpeed is not supported (use DDP, the default)"
 _MEGATRON = "Megatron-LM is not supported"
 _FP8 = "fp8 training and bitsandbytes / torchao quantisation are not supported"
@@ -47,12 +46,6 @@ NOT_PROVIDED: list[tuple[str, str]] = [
     (r"(?i)fp8|TERecipe|MSAMP|AORecipe|_ao$|ao_layers|torchao|transformer_engine|bnb|"
      r"quantiz|filter_first_and_last_linear_layers|CustomDtype|^convert_model$", _FP8),
     (r"(?i)lomo", "the LOMO optimizer integration is not supported"),
-    (r"(?i)device_map|offload|tied_param|retie|balanced_memory|max_memory|module_sizes|"
-     r"max_layer_size|module_tensor|align_module_device|checkpoint_in_model|maximum_sizes|"
-     r"find_tied|dtype_byte_size|file_size_to_int|submodules_state_dict|id_tensor_storage|"
-     r"clean_state_dict_for_safetensors|convert_bytes|"
-     r"^dispatch_model$|^hooks$|^load_state_dict$|get_module_children_bottom_up",
-     _BIG),
     (r"(?i)pippy|^inference$", "pipeline-parallel inference is not supported"),
     (r"(?i)profil", _PROFILE),
     (r"(?i)^prepare_.*(env|args|inputs|tpu)|PrepareForLaunch|LAUNCH_PARAMS|ComputeEnvironment|"
@@ -75,8 +68,6 @@ NOT_PROVIDED: list[tuple[str, str]] = [
     (r"^(data_loader|optimizer|scheduler)$",
      "module path: accel has `accel.data_loader`, `accel.wrappers` (optimizer and scheduler "
      "wrappers)"),
-    (r"^cpu_offload|^disk_offload|^load_checkpoint_and_dispatch$|^infer_auto_device_map$",
-     _BIG),
 ]
 
 

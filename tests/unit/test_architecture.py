@@ -109,12 +109,15 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/big_modeling/sizes.py", "L3"),
     ("accel/big_modeling/budget.py", "L3"),
     ("accel/big_modeling/placement.py", "L3"),
+    ("accel/big_modeling/structure.py", "L3"),  # tied weights, module order, maximum sizes
     # module-level operations on nn.Modules (hooks, offload folders, dispatch, checkpoint
     # loading): L4, so that accel.utils (L5) can re-export Accelerate's utils names for them
     ("accel/big_modeling/hooks.py", "L4"),
     ("accel/big_modeling/offload.py", "L4"),
     ("accel/big_modeling/dispatch.py", "L4"),
     ("accel/big_modeling/loading.py", "L4"),
+    ("accel/big_modeling/tensors.py", "L4"),  # set_module_tensor_to_device & co
+    ("accel/big_modeling/state_dicts.py", "L4"),  # load_state_dict, load_offloaded_weights
     ("accel/big_modeling/*", "L6"),  # init_empty_weights, device maps, dispatch, offload
     ("accel/hooks.py", "L6"),  # Accelerate's accelerate.hooks module path
     ("accel/horovod/*", "L6"),  # import accel.horovod as hvd: horovod.torch on torch.distributed
