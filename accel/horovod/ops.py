@@ -45,6 +45,27 @@ __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "br
            "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_"]
 
 
+def _unflatten(tensors: Sequence[torch.Tensor], buffers: list[tuple[list[int], torch.Tensor]],
+               inplace: bool) -> list[torch.Tensor]:
+    """Split each flat result buffer back into the tensors at its indices: copied into them
+    (in place, unless the buffer already is the tensor) or as new tensors on their devices."""
+    out: list[Any] = [None] * len(tensors)
+    for indices, buf in buffers:
+        start = 0
+        for i in indices:
+            target = tensors[i]
+            part = buf[start: start + target.numel()].view(target.shape)
+            start += target.numel()
+            if inplace:
+                if part.data_ptr() != target.data_ptr():
+                    with torch.no_grad():
+                        target.copy_(part)
+                out[i] = target
+            else:
+                out[i] = part.to(target.device)
+    return out
+
+
 # -- allreduce ------------------------------------------------------------------------------
 def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: float,
                   postscale_factor: float, process_set: ProcessSet, inplace: bool,
@@ -82,22 +103,9 @@ def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: flo
         buffers.append((indices, buf))
 
     def finish() -> list[torch.Tensor]:
-        out: list[torch.Tensor | None] = [None] * len(tensors)
-        for indices, buf in buffers:
+        for _indices, buf in buffers:
             scale_(buf, post)
-            start = 0
-            for i in indices:
-                target = tensors[i]
-                part = buf[start: start + target.numel()].view(target.shape)
-                start += target.numel()
-                if inplace:
-                    if part.data_ptr() != target.data_ptr():
-                        with torch.no_grad():
-                            target.copy_(part)
-                    out[i] = target
-                else:
-                    out[i] = part.to(target.device)
-        return [t for t in out if t is not None]
+        return _unflatten(tensors, buffers, inplace)
 
     return submit(works, (lambda: finish()[0]) if single else finish)
 
@@ -235,21 +243,7 @@ def broadcast_tensors_async(tensors: Sequence[torch.Tensor], root_rank: int, sco
         buffers.append((indices, buf))
 
     def finish() -> list[torch.Tensor]:
-        out: list[Any] = [None] * len(tensors)
-        for indices, buf in buffers:
-            start = 0
-            for i in indices:
-                target = tensors[i]
-                part = buf[start: start + target.numel()].view(target.shape)
-                start += target.numel()
-                if inplace:
-                    if part.data_ptr() != target.data_ptr():
-                        with torch.no_grad():
-                            target.copy_(part)
-                    out[i] = target
-                else:
-                    out[i] = part.to(target.device)
-        return out
+        return _unflatten(tensors, buffers, inplace)
 
     return submit(works, (lambda: finish()[0]) if single else finish)
 
