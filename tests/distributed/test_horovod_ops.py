@@ -255,8 +255,25 @@ def _pair_worker(rank: int) -> dict[str, Any]:
     _gathers(rank, out)
     _objects_and_sync(rank, out)
     _parameters(rank, out)
+    _with_an_accelerator(rank, out)
     hvd.shutdown()
+    out["group_after_shutdown"] = torch.distributed.is_initialized()
     return out
+
+
+def _with_an_accelerator(rank: int, out: dict[str, Any]) -> None:
+    """An Accelerator in the same script adopts the group hvd.init() started (and leaves it to
+    hvd.shutdown(), which ends it because hvd started it)."""
+    import accel.horovod as hvd
+    from accel import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    out["accelerator"] = (accelerator.process_index, accelerator.num_processes)
+    mine = torch.tensor([float(rank + 1)])
+    out["both_reduce"] = (accelerator.reduce(mine.clone(), "sum").item(),
+                          hvd.allreduce(mine, op=hvd.Sum).item())
+    accelerator.end_training()
+    out["group_after_end_training"] = torch.distributed.is_initialized()
 
 
 def _reference_adasum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -353,6 +370,8 @@ def test_horovod_ops_two_processes() -> None:
     results = run_workers(_pair_worker, 2, timeout=120)
     for rank, r in enumerate(results):
         assert (r["rank"], r["size"]) == (rank, 2)
+        assert r["accelerator"] == (rank, 2) and r["both_reduce"] == (3.0, 3.0)
+        assert r["group_after_end_training"] and not r["group_after_shutdown"]
         _check_reductions(r)
         _check_adasum(r)
         _check_grouped(r)
