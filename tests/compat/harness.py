@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -187,14 +190,26 @@ def _launch(target: Path, library: str, out_dir: Path, nprocs: int, timeout: flo
         env["ACCELERATE_USE_CPU"] = "1"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs),
                "--master_port", str(free_port()), str(target)]
+    # A session of its own, so that a job that hangs is ended whole: the launcher first (SIGTERM:
+    # it stops its workers), then anything left in the session (DataLoader workers stuck before
+    # their parent watchdog runs would otherwise outlive a SIGKILLed launcher).
+    proc = subprocess.Popen(cmd, env=env, cwd=target.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=env, cwd=target.parent, capture_output=True, text=True,
-                              timeout=timeout, check=False)
-        return proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        def text(data: str | bytes | None) -> str:
-            return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
-        return -1, f"timed out after {timeout} s\n{text(exc.stdout)}{text(exc.stderr)}"
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                out, err = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                out, err = "", ""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the launcher left in the session
+        return -1, f"timed out after {timeout} s\n{out}{err}"
 
 
 def run_script(script: str, library: str, work: Path, nprocs: int = 2,
