@@ -132,21 +132,22 @@ def _hostfile_line(line: str, where: str) -> Host:
     return host
 
 
-def read_hostfile(path: str) -> tuple[Host, ...]:
-    """Hosts of a hostfile: ``host slots=N``, ``host:N`` or ``host`` lines, ``#`` comments."""
+def read_hostfile(path: str, flag: str = "--hostfile") -> tuple[Host, ...]:
+    """Hosts of a hostfile: ``host slots=N`` (Open MPI), ``host:N`` (Hydra) or ``host`` lines,
+    ``#`` comments. ``flag`` names the option the file came from, in errors."""
     try:
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
     except OSError as exc:
-        raise CLIError(f"--hostfile {path} cannot be read: {exc.strerror or exc}; pass a file "
+        raise CLIError(f"{flag} {path} cannot be read: {exc.strerror or exc}; pass a file "
                        "with one 'host slots=N' line per machine") from None
-    hosts = tuple(_hostfile_line(text, f"--hostfile {path} line {number}")
+    hosts = tuple(_hostfile_line(text, f"{flag} {path} line {number}")
                   for number, line in enumerate(lines, 1)
                   if (text := line.split("#", 1)[0].strip()))
     if not hosts:
-        raise CLIError(f"--hostfile {path} lists no host; write one 'host slots=N' line per "
+        raise CLIError(f"{flag} {path} lists no host; write one 'host slots=N' line per "
                        "machine")
-    return _unique(hosts, f"--hostfile {path}")
+    return _unique(hosts, f"{flag} {path}")
 
 
 def assign(hosts: Sequence[Host], total: int) -> list[tuple[Host, int]]:

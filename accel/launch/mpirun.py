@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 from ..env import apply
 from .errors import CLIError
+from .hosts import read_hostfile
 from .settings import LaunchSettings
 from .torchrun import worker_command
 
@@ -69,17 +70,8 @@ def mpi_flavour(which: Callable[[str], str | None] = shutil.which,
 def first_host(hostfile: str) -> tuple[str, int]:
     """(first host, number of hosts) of an Open MPI (``host slots=4``) or Hydra (``host:4``)
     hostfile."""
-    try:
-        with open(hostfile, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise CLIError(f"--mpirun_hostfile {hostfile} cannot be read: {exc.strerror or exc}; "
-                       "pass a file listing one host per line") from None
-    hosts = [line.split("#", 1)[0].split()[0].split(":")[0] for line in lines
-             if line.split("#", 1)[0].strip()]
-    if not hosts:
-        raise CLIError(f"--mpirun_hostfile {hostfile} lists no host; expected one host per line")
-    return hosts[0], len(hosts)
+    hosts = read_hostfile(hostfile, "--mpirun_hostfile")
+    return hosts[0].name, len(hosts)
 
 
 def build_mpirun_argv(settings: LaunchSettings, env: Mapping[str, str], app: str, flavour: str,
