@@ -48,9 +48,9 @@ from .offload import (
     offload_state_dict,
     read_offload_index,
 )
+from .placement import unplaced_tensors
 
-__all__ = ["cpu_offload", "cpu_offload_with_hook", "dispatch_model", "disk_offload",
-           "unplaced_tensors"]
+__all__ = ["cpu_offload", "cpu_offload_with_hook", "dispatch_model", "disk_offload"]
 
 DeviceMap = Mapping[str, "int | str | torch.device"]
 _OFFLOAD = ("cpu", "disk")
@@ -88,13 +88,6 @@ def _owner(name: str, names: Sequence[str]) -> str | None:
         if covers and (best is None or len(entry) > len(best)):
             best = entry
     return best
-
-
-def unplaced_tensors(model: nn.Module, device_map: DeviceMap) -> list[str]:
-    """Names of ``model``'s parameters and buffers that no entry of ``device_map`` covers."""
-    names = list(device_map)
-    return [name for name, _ in named_module_tensors(model, recurse=True)
-            if _owner(name, names) is None]
 
 
 def _check_map(model: nn.Module, device_map: DeviceMap) -> None:

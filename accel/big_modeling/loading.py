@@ -35,10 +35,10 @@ from torch import nn
 
 from ..checkpoint.storage import CheckpointError, read_manifest
 from ..checkpoint.storage._st import ALIASES_KEY, DTYPE_NAMES, header_size, parse_header
-from .dispatch import dispatch_model, unplaced_tensors
+from .dispatch import dispatch_model
 from .hooks import as_device, named_module_tensors, set_module_tensor
 from .offload import OffloadedWeightsLoader, offload_weight, save_offload_index
-from .placement import get_balanced_memory, infer_auto_device_map
+from .placement import get_balanced_memory, infer_auto_device_map, unplaced_tensors
 
 __all__ = ["checkpoint_files", "load_checkpoint_and_dispatch", "load_checkpoint_in_model"]
 

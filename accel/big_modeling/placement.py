@@ -41,7 +41,7 @@ from .sizes import format_size, parse_dtype
 
 __all__ = ["check_device_map", "clean_device_map", "compute_module_sizes",
            "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
-           "infer_auto_device_map"]
+           "infer_auto_device_map", "unplaced_tensors"]
 
 Part = nn.Module | torch.Tensor
 DtypeLike = str | torch.dtype
@@ -212,12 +212,20 @@ module containing them) to device_map, or use device_map="auto"
     if unknown:
         warnings.warn(f"device_map keys that name no module or tensor of the model: {unknown}",
                       UserWarning, stacklevel=2)
-    unplaced = [name for name in tensors if not any(_within(name, key) for key in device_map)]
+    unplaced = unplaced_tensors(model, device_map)
     if unplaced:
         shown = ", ".join(unplaced[:20]) + (f" and {len(unplaced) - 20} more"
                                             if len(unplaced) > 20 else "")
         raise ValueError(f"the device map places no device for {shown}; add them (or a "
                          "module containing them) to device_map, or use device_map=\"auto\"")
+
+
+def unplaced_tensors(model: nn.Module, device_map: Mapping[str, object]) -> list[str]:
+    """Names of ``model``'s parameters and buffers (tied names included) that no entry of
+    ``device_map`` covers."""
+    return [name for name, _ in [*model.named_parameters(remove_duplicate=False),
+                                 *model.named_buffers(remove_duplicate=False)]
+            if not any(_within(name, key) for key in device_map)]
 
 
 def _no_split_list(classes: str | Sequence[str] | None) -> list[str]:
