@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -32,9 +33,9 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Loop", "add_common_args", "format_seconds", "format_table", "free_port",
-           "has_accelerate", "interleave", "machine_line", "median", "python", "ratio",
-           "run_workers", "time_command"]
+__all__ = ["RESULTS_ENV", "Loop", "add_common_args", "format_seconds", "format_table",
+           "free_port", "has_accelerate", "interleave", "machine_line", "median", "python",
+           "ratio", "record", "run_workers", "time_command"]
 
 
 class Loop:
@@ -159,6 +160,54 @@ def add_common_args(parser: argparse.ArgumentParser, repeats: int) -> None:
                         help="tiny repeat counts: proves the script runs, figures mean nothing")
     parser.add_argument("--no-accelerate", action="store_true",
                         help="leave Hugging Face accelerate out even when it is installed")
+
+
+# -- machine-readable results ----------------------------------------------------------------
+#: run_all.sh sets it to a JSON-lines file; every figure a script prints is also appended there
+RESULTS_ENV = "ACCEL_BENCH_RESULTS"
+
+
+def record(benchmark: str, figure: str, *, accel: Sequence[float] | float,
+           baseline: Sequence[float] | float, baseline_name: str = "torch",
+           accelerate: Sequence[float] | float | None = None, unit: str = "s",
+           target: float | None = None, higher_is_better: bool = False,
+           note: str = "") -> dict[str, Any]:
+    """One figure (accel against its plain-PyTorch baseline, measured in the same run) as a
+    record; appended as one JSON line to ``$ACCEL_BENCH_RESULTS`` when that is set.
+
+    ``accel``/``baseline``/``accelerate`` are the samples (or one value). ``ratio`` is
+    median(accel) / median(baseline) (for ``higher_is_better`` figures such as MB/s it is
+    baseline / accel, so that below 1 is always better for accel); ``target`` bounds it.
+
+    Example:
+        >>> r = record("bench_x", "case", accel=[2.0, 2.2, 1.8], baseline=[1.0, 1.0, 1.0],
+        ...            target=2.5)
+        >>> r["ratio"], r["met"], r["accel"]["min"], r["accelerate"]
+        (2.0, True, 1.8, None)
+    """
+    def stats(values: Sequence[float] | float | None) -> dict[str, float] | None:
+        if values is None:
+            return None
+        samples = ([float(values)] if isinstance(values, (int, float))
+                   else [float(v) for v in values])
+        return {"median": median(samples), "min": min(samples), "max": max(samples),
+                "n": len(samples)}
+
+    ours, base, theirs = stats(accel), stats(baseline), stats(accelerate)
+    assert ours is not None and base is not None
+    value = (ratio(base["median"], ours["median"]) if higher_is_better
+             else ratio(ours["median"], base["median"]))
+    rec: dict[str, Any] = {
+        "benchmark": benchmark, "figure": figure, "unit": unit, "accel": ours,
+        "baseline": base, "baseline_name": baseline_name, "accelerate": theirs,
+        "ratio": value, "target": target, "higher_is_better": higher_is_better,
+        "met": None if target is None else bool(value <= target), "note": note,
+        "machine": machine_line()}
+    path = os.environ.get(RESULTS_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(rec, sort_keys=True) + "\n")
+    return rec
 
 
 # -- worker processes -------------------------------------------------------------------------
