@@ -129,3 +129,4 @@ class RunState:
             registry.clear()
         self.prepared_ids.clear()
         self.replaced.clear()
+        self.saves.staging.clear()  # the host copies non-blocking saves reuse

@@ -62,9 +62,9 @@ from ..storage import (
     rotate,
     temp_dir_for,
 )
-from .background import BackgroundSaves, host_copy
+from .background import BackgroundSaves
 from .sharded import FQN_LAYOUT, distributed_state, queue_distributed
-from .snapshot import RunSnapshot, component_counts
+from .snapshot import FileQueue, RunSnapshot, component_counts
 
 __all__ = ["save_run"]
 
@@ -100,7 +100,7 @@ def _model_weights(snap: RunSnapshot, rank: int, tmp: Path) -> list[dict[str, An
 ToHost = Callable[[Any], Any]
 
 
-def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int,
+def _queue_rank_files(writer: FileQueue, snap: RunSnapshot, rank: int,
                       to_host: ToHost = _on_cpu) -> ShardedFiles:
     """Queue this rank's files; states are encoded now, files written by the writer's threads.
     Returns the DCP files this rank wrote itself (a run whose state lives in DTensors)."""
@@ -133,6 +133,26 @@ def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int,
 RankPart = tuple[dict[str, FileRecord], dict[str, str]]
 
 
+class _Recorder:
+    """Records a rank's writes and hands them to the writer once every state is copied: the
+    writer's threads (hashing, writing, fsync) would otherwise compete with the copies for
+    cores and memory bandwidth while the training loop waits for them."""
+
+    def __init__(self, writer: CheckpointWriter) -> None:
+        self.writer, self.tmpdir = writer, writer.tmpdir
+        self.calls: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def write_tensors(self, relpath: str, tensors: dict[str, Any]) -> None:
+        self.calls.append((self.writer.write_tensors, (relpath, tensors)))
+
+    def write_state(self, stem: str, state: Any) -> None:
+        self.calls.append((self.writer.write_state, (stem, state)))
+
+    def replay(self) -> None:
+        for call, args in self.calls:
+            call(*args)
+
+
 class _RankFiles:
     """This rank's files of one checkpoint, queued at construction (states encoded, tensors
     handed to the writer) and written by the writer's threads, so that one file's hashing and
@@ -147,7 +167,12 @@ class _RankFiles:
         self.error: CheckpointError | None = None
         try:
             self.writer = CheckpointWriter(target, token)
-            self.sharded = _queue_rank_files(self.writer, snap, rank, to_host)
+            if to_host is _on_cpu:
+                self.sharded = _queue_rank_files(self.writer, snap, rank, to_host)
+            else:  # copies: all of them first
+                recorder = _Recorder(self.writer)
+                self.sharded = _queue_rank_files(recorder, snap, rank, to_host)
+                recorder.replay()
         except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller
             self.error = CheckpointError(f"{self.what}: {exc}")
 
@@ -380,7 +405,7 @@ def _save_in_background(comm: Communicator, snap: RunSnapshot, target: Path, tok
     collective of the state dicts), agree that all ranks could (a state that cannot be stored
     raises now, on every rank), and leave the rest to the background thread."""
     side = background.side_group(comm)  # collective the first time: every rank is here
-    part = _RankFiles(target, token, snap, comm.ctx.rank, host_copy)
+    part = _RankFiles(target, token, snap, comm.ctx.rank, background.host_copy)
     if not all(comm.gather_object([part.error is None])):
         error = _seal(comm.gather_object, comm.broadcast_object_list, comm, snap, target,
                       token, part, limit)

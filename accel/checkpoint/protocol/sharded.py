@@ -27,8 +27,8 @@ from torch import nn
 
 from ... import _tree
 from ..sharded.layout import ShardedFiles, has_shards, model_prefix
-from ..storage import CheckpointWriter, Manifest
-from .snapshot import ModelStateIO, RunSnapshot
+from ..storage import Manifest
+from .snapshot import FileQueue, ModelStateIO, RunSnapshot
 
 __all__ = ["FQN_LAYOUT", "distributed_state", "holds_shards", "load_model", "load_optimizer",
            "model_prefix", "queue_distributed", "sharded_headers", "state_module"]
@@ -56,7 +56,7 @@ def _on_cpu(state: Any) -> Any:
     return _tree.apply(lambda t: t.detach().cpu(), state)
 
 
-def queue_distributed(writer: CheckpointWriter, snap: RunSnapshot, rank: int,
+def queue_distributed(writer: FileQueue, snap: RunSnapshot, rank: int,
                       to_host: Callable[[Any], Any] | None = None) -> ShardedFiles:
     """Every rank: write (DCP) or queue (rank 0) the models and optimizers; returns the DCP
     files this rank wrote. Save hooks get the models and, as under Accelerate's FSDP, the full
