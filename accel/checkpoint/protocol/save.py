@@ -149,7 +149,10 @@ class _Recorder:
         self.calls.append((self.writer.write_state, (stem, state)))
 
     def replay(self) -> None:
-        for call, args in self.calls:
+        """Queue the recorded files, last first: the small states (loader positions, RNG,
+        schedulers) are encoded before the threads writing the big ones (optimizer, models)
+        start taking turns with this thread for the GIL."""
+        for call, args in reversed(self.calls):
             call(*args)
 
 
