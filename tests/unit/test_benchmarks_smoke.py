@@ -27,6 +27,7 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     ("bench_horovod.py", "hvd.DistributedOptimizer / DDP"),
     ("bench_horovod_elastic.py", "Wall time of hvd.elastic's commit"),
     ("bench_big_model.py", "Big-model inference"),
+    ("bench_async_checkpoint.py", "Time the training loop is blocked per save"),
 ])
 def test_cpu_benchmark_runs(script: str, title: str) -> None:
     done = _run(str(BENCH / script), "--quick", "--no-accelerate")
@@ -80,3 +81,22 @@ def test_common_table_and_interleave() -> None:
                                  ratio_of=["accel"])
     assert table.splitlines()[1].split() == ["case", "torch", "accel", "accel", "/", "torch"]
     assert table.splitlines()[2].split() == ["x", "2.00", "ms", "3.00", "ms", "1.50"]
+
+
+@pytest.mark.slow
+def test_async_checkpoint_benchmark_records_its_figures(tmp_path: Path) -> None:
+    import json
+    import os
+
+    results = tmp_path / "results.jsonl"
+    done = subprocess.run([sys.executable, str(BENCH / "bench_async_checkpoint.py"), "--quick"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ACCEL_BENCH_RESULTS": str(results)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["figure"] for r in records] == ["training loop blocked per save_state",
+                                              "training loop wall with periodic saves"]
+    for record in records:
+        assert record["benchmark"] == "bench_async_checkpoint" and record["target"] is not None
+        assert record["baseline_name"] == "blocking save_state"
+        assert record["accel"]["n"] >= 2 and record["baseline"]["n"] >= 2
