@@ -9,6 +9,8 @@
 - A failure of the background write on rank 1 only is raised, with the cause, by the next
   wait point on both ranks, and leaves no checkpoint.
 - Under ``if accelerator.is_main_process:`` a non-blocking save blocks, with one warning.
+- FSDP (a second spawn): FULL_STATE_DICT saves without blocking, byte-equal to a blocking
+  save of the same state; SHARDED_STATE_DICT (DCP) is refused on every rank, saying what works.
 
 The kill drill (a rank SIGKILLed during the background write, ``accel launch --max_restarts``
 resuming from the previous checkpoint): tests/e2e/test_async_checkpoint.py.
@@ -176,3 +178,48 @@ def test_main_process_only_non_blocking_save_blocks_with_one_warning(job: dict[s
     said = [w for w in zero["warnings"] if "blocking=False" in w]
     assert len(said) == 1 and "main process alone" in said[0], zero["warnings"]
     assert one["warnings"] == []
+
+
+def _fsdp_job(rank: int, root: str) -> dict[str, Any]:
+    """FSDP (fully_shard) through the protocol: FULL_STATE_DICT saves without blocking (the
+    gathers run in the foreground); SHARDED_STATE_DICT is refused on every rank."""
+    from accel.checkpoint import BackgroundSaves, CheckpointError, save_run
+    from tests.distributed import _fsdp_ckpt_helpers as h
+    from tests.distributed.test_fsdp_checkpoint import _start
+
+    comm, group = _start()
+    model, opt = h.build(2)
+    h.train(model, opt, range(3), rank, 2)
+    background = BackgroundSaves()
+    save_run(comm, h.snapshot(model, opt, h.ShardIO(False), 3), f"{root}/blocking", None, None,
+             None)
+    path = save_run(comm, h.snapshot(model, opt, h.ShardIO(False), 3), f"{root}/non_blocking",
+                    None, None, None, blocking=False, background=background)
+    h.train(model, opt, range(3, 5), rank, 2)  # the parameters change while it is written
+    out: dict[str, Any] = {"done": str(background.wait()) == str(path)}
+    try:
+        save_run(comm, h.snapshot(model, opt, h.ShardIO(True), 5), f"{root}/sharded", None,
+                 None, None, blocking=False, background=background)
+        out["refused"] = None
+    except CheckpointError as exc:
+        out["refused"] = str(exc)
+    out["after"] = h.train(model, opt, range(5, 6), rank, 2)  # no rank was left in a collective
+    group.close()
+    return out
+
+
+def test_fsdp_full_state_saves_without_blocking_and_sharded_state_is_refused(
+        tmp_path: Path) -> None:
+    from accel.checkpoint import read_manifest, verify
+
+    ranks = run_workers(_fsdp_job, 2, args=(str(tmp_path),), timeout=240)
+    verify(tmp_path / "non_blocking")
+    a, b = read_manifest(tmp_path / "blocking"), read_manifest(tmp_path / "non_blocking")
+    assert {k: (r.size, r.sha256) for k, r in a.files.items()} == \
+        {k: (r.size, r.sha256) for k, r in b.files.items()}
+    assert "model_0.safetensors" in b.files and b.meta == a.meta
+    for rank in ranks:
+        assert rank["done"] and rank["refused"] is not None
+        assert "SHARDED_STATE_DICT" in rank["refused"] and "FULL_STATE_DICT" in rank["refused"]
+    assert not (tmp_path / "sharded").exists()
+    assert [len(rank["after"]) for rank in ranks] == [1, 1]  # both trained on after it
