@@ -9,6 +9,7 @@
 - A failure of the background write on rank 1 only is raised, with the cause, by the next
   wait point on both ranks, and leaves no checkpoint.
 - Under ``if accelerator.is_main_process:`` a non-blocking save blocks, with one warning.
+- Ranks that pass different ``blocking`` follow the main process (a warning on the others).
 - FSDP (a second spawn): FULL_STATE_DICT saves without blocking, byte-equal to a blocking
   save of the same state; SHARDED_STATE_DICT (DCP) is refused on every rank, saying what works.
 
@@ -104,6 +105,14 @@ def _job(rank: int, root: str) -> dict[str, Any]:
         out["failure"] = f"{exc} | cause: {exc.__cause__}"
     save_mod.CheckpointWriter = CheckpointWriter  # type: ignore[misc]
 
+    # ranks that disagree follow the main process (a warning on the other), never hang
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mixed = acc.save_state(f"{root}/mixed", blocking=rank == 1)
+        out["mixed_in_flight"] = acc._run.saves.pending is not None
+        out["mixed_done"] = acc.wait_for_checkpoint() == mixed and is_complete(mixed)
+    out["mixed_warnings"] = [str(w.message) for w in caught]
+
     # the diffusers pattern: the main process alone blocks (one warning), rank 1 goes on
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -169,6 +178,16 @@ def test_a_background_failure_on_one_rank_raises_on_every_rank(job: dict[str, An
     failed = Path(job["ranks"][0]["failed_path"])
     assert not failed.exists()
     assert [p for p in failed.parent.iterdir() if p.name.startswith(".tmp-failed")] == []
+
+
+def test_ranks_that_disagree_follow_the_main_process(job: dict[str, Any]) -> None:
+    zero, one = job["ranks"]
+    assert zero["mixed_in_flight"] and one["mixed_in_flight"]  # rank 0 asked blocking=False
+    assert zero["mixed_done"] and one["mixed_done"]
+    assert zero["mixed_warnings"] == []
+    assert len(one["mixed_warnings"]) == 1, one["mixed_warnings"]
+    assert "rank 1: save_state(blocking=True) differs from the main process's blocking=False" \
+        in one["mixed_warnings"][0]
 
 
 def test_main_process_only_non_blocking_save_blocks_with_one_warning(job: dict[str, Any]
