@@ -166,7 +166,7 @@ def _record(results: dict[str, dict[str, dict[str, list[float]]]],
         for case in cases if clock == "wall" else cases[:1]:
             times = results[clock][case.name]
             control = _common.ratio(_common.median(times[AA]), _common.median(times["torch"]))
-            _common.record("bench_step", f"training step, {case.name} model ({clock})",
+            _common.record("bench_step", f"training step, {case.name} ({clock})",
                            accel=times["accel"], baseline=times["torch"], baseline_name="DDP",
                            accelerate=times.get("accelerate"),
                            target=TARGET if case is cases[0] else None,

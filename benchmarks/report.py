@@ -157,7 +157,14 @@ def _finite(value: Any) -> bool:
 
 def ratio_of(record: dict[str, Any], side: str = "accel", stat: str = "median") -> float:
     """``side``'s ``stat`` against the baseline's median, oriented so that below 1 is better
-    for accel (throughput figures: baseline / value)."""
+    for accel (throughput figures: baseline / value).
+
+    Example:
+        >>> rec = {"accel": {"median": 50.0, "min": 40.0}, "baseline": {"median": 100.0},
+        ...        "higher_is_better": True}
+        >>> ratio_of(rec), ratio_of(rec, stat="min"), ratio_of(rec, "accelerate")
+        (2.0, 2.5, nan)
+    """
     stats, base = record.get(side), record["baseline"]["median"]
     if not stats or not _finite(stats.get(stat)) or not _finite(base):
         return math.nan
@@ -212,10 +219,10 @@ def markdown(records: Sequence[dict[str, Any]], machine: dict[str, Any],
               "(below 1: accel is faster or smaller; throughput figures are inverted so the same "
               "holds); in brackets the ratio of accel's fastest and slowest sample. Accelerate: "
               "Hugging Face Accelerate's median over the same baseline. Load: the 1-minute load "
-              "average when the figure was taken.", "",
+              "average when the figure was taken (the machine's cores: see above).", "",
               "| benchmark | figure | accel | baseline | ratio [min, max] | target | met "
-              "| Accelerate | load |",
-              "|---|---|---:|---:|---:|---:|:---:|---:|---:|"]
+              "| Accelerate | load | note |",
+              "|---|---|---:|---:|---:|---:|:---:|---:|---:|---|"]
     for rec in records:
         unit = rec.get("unit", "s")
         low, high = ratio_range(rec)
@@ -223,14 +230,14 @@ def markdown(records: Sequence[dict[str, Any]], machine: dict[str, Any],
         target = rec.get("target")
         met = {None: "-", True: "yes", False: "**no**"}[rec.get("met")]
         load = _LOAD.search(rec.get("machine", ""))
-        note = f" ({rec['note']})" if rec.get("note") else ""
         lines.append(
-            f"| {rec['benchmark'].removesuffix('.py')} | {rec['figure']}{note} "
+            f"| {rec['benchmark'].removesuffix('.py')} | {rec['figure']} "
             f"| {_amount(rec['accel']['median'], unit)} "
             f"| {_amount(rec['baseline']['median'], unit)} ({rec.get('baseline_name', 'torch')}) "
             f"| {_number(rec['ratio'])}{spread} "
             f"| {'-' if target is None else f'≤ {target:.2f}'} | {met} "
-            f"| {_number(ratio_of(rec, 'accelerate'))} | {load.group(1) if load else '-'} |")
+            f"| {_number(ratio_of(rec, 'accelerate'))} | {load.group(1) if load else '-'} "
+            f"| {rec.get('note') or ''} |")
     with_target = [r for r in records if r.get("met") is not None]
     lines += ["", f"{sum(1 for r in with_target if r['met'])} of {len(with_target)} targets met "
               f"({len(records)} figures)."]
@@ -282,6 +289,7 @@ def chart(records: Sequence[dict[str, Any]], machine: dict[str, Any], out: Path,
     import matplotlib.pyplot as plt
 
     matplotlib.rcParams["svg.hashsalt"] = "accel-benchmarks"  # same input, same svg
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: searchable, smaller
     shown = [r for r in records if _finite(r.get("ratio")) and r["ratio"] > 0]
     count = max(len(shown), 1)
     fig, ax = plt.subplots(figsize=(11, 1.8 + 0.42 * count))

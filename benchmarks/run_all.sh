@@ -62,25 +62,12 @@ fi
 
 trim() { local s="$1"; s="${s#"${s%%[![:space:]]*}"}"; printf '%s' "${s%"${s##*[![:space:]]}"}"; }
 
-# rows of the table: "script|options" for this run, in order
-rows=()
-known=()
-while IFS='|' read -r script full quick_opts needs; do
+known=()  # every script in the table
+while IFS='|' read -r script _; do
     script="$(trim "$script")"
-    [[ -z "$script" || "$script" == \#* ]] && continue
-    known+=("$script")
-    needs="$(trim "${needs%%#*}")"
-    if [[ "$needs" == cuda ]] && ! "$python" -c \
-            'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-        skipped_gpu="$script"
-        continue
-    fi
-    options="$full"
-    (( quick )) && options="$quick_opts"
-    options="${options//\{flags\}/${flags[*]:-}}"
-    rows+=("$script|$(trim "$options")")
+    [[ -z "$script" || "$script" == \#* ]] || known+=("$script")
 done <<< "$BENCHMARKS"
-
+wanted=("${known[@]}")
 if [[ -n "${BENCH_ONLY:-}" ]]; then
     read -r -a wanted <<< "${BENCH_ONLY//,/ }"
     for name in "${wanted[@]}"; do
@@ -90,13 +77,24 @@ if [[ -n "${BENCH_ONLY:-}" ]]; then
             exit 2
         fi
     done
-    selected=()
-    for row in "${rows[@]}"; do
-        [[ " ${wanted[*]} " == *" ${row%%|*} "* ]] && selected+=("$row")
-    done
-    rows=("${selected[@]}")
-    [[ " ${wanted[*]} " == *" ${skipped_gpu:-} "* ]] || skipped_gpu=""
 fi
+
+has_cuda() { "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+                 2>/dev/null; }
+rows=()  # "script|options" for this run, in the table's order
+skipped=()
+while IFS='|' read -r script full quick_opts needs; do
+    script="$(trim "$script")"
+    [[ -z "$script" || "$script" == \#* || " ${wanted[*]} " != *" $script "* ]] && continue
+    if [[ "$(trim "${needs%%#*}")" == cuda ]] && ! has_cuda; then
+        skipped+=("$script")
+        continue
+    fi
+    options="$full"
+    (( quick )) && options="$quick_opts"
+    options="${options//\{flags\}/${flags[*]:-}}"
+    rows+=("$script|$(trim "$options")")
+done <<< "$BENCHMARKS"
 
 mkdir -p "$out" || exit 1
 records="$out/records.jsonl"
@@ -106,9 +104,9 @@ runs="$out/runs.tsv"
 export ACCEL_BENCH_RESULTS="$records"
 
 run() {
-    [[ -n "${skipped_gpu:-}" ]] && echo "no CUDA GPU visible: $skipped_gpu skipped"
+    (( ${#skipped[@]} )) && echo "no CUDA GPU visible: ${skipped[*]} skipped"
     local failed=() row script options start status
-    for row in "${rows[@]}"; do
+    for row in ${rows[@]+"${rows[@]}"}; do
         script="${row%%|*}"
         options="${row#*|}"
         read -r -a args <<< "$options"
@@ -116,7 +114,7 @@ run() {
         start=$SECONDS
         status=ok
         # the Accelerator's start-up line ("accel: CPU, 2 process(es), ...") is not a figure
-        if ! "$python" "$here/$script" "${args[@]}" 2>&1 | grep -v '^accel: '; then
+        if ! "$python" "$here/$script" ${args[@]+"${args[@]}"} 2>&1 | grep -v '^accel: '; then
             failed+=("$script")
             status=failed
         fi
