@@ -11,9 +11,10 @@ is trained with:
 * ``accel``: ``Accelerator(mixed_precision=...)``, ``prepare``, ``accelerator.backward``.
 
 Blocks of steps are interleaved (rotating which variant goes first) and timed between
-``torch.cuda.synchronize()`` calls; medians per step and ratios to ``torch`` are printed for
-bf16 and fp16. Then ``gather_for_metrics`` of a (batch, classes) tensor on CUDA against one
-``all_gather_into_tensor`` (with one process accel returns without a collective).
+``torch.cuda.synchronize()`` calls; medians per step (and min / median / max) and ratios to
+``torch`` are printed for bf16 and fp16. Then ``gather_for_metrics`` of a (batch, classes)
+tensor on CUDA against one ``all_gather_into_tensor`` (with one process accel returns without
+a collective).
 
 Run:  python benchmarks/bench_gpu.py [--repeats 20] [--layers 8] [--d-model 1024]
           [--batch 16] [--seq 512] [--quick]

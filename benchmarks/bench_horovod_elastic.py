@@ -10,6 +10,7 @@ one; it runs no collective, so one process measures it. Side by side in the same
 - ``commit``: ``hvd.elastic.TorchState.commit()``.
 
 The last column is the overhead per step of committing every N steps (commit / (N * step)).
+Min / median / max of every variant follow the table (at least 5 repeats).
 
 Run:  python benchmarks/bench_horovod_elastic.py [--repeats 7] [--dir /tmp] [--every 10]
 """

@@ -7,7 +7,8 @@ console script's own start-up (it must not import torch at all). With Hugging Fa
 installed, ``from accelerate import Accelerator`` is shown too. Children may write bytecode
 (``PYTHONDONTWRITEBYTECODE`` is dropped) as an installed package would have it; the warm-up
 runs write it. One extra run with ``-X importtime`` lists the slowest accel modules to import
-(cumulative, torch excluded).
+(cumulative, torch excluded). The table gives min / median / max; the figures go to
+run_all.sh's results file with the absolute targets as ratios over this run's baselines.
 
 Run:  python benchmarks/bench_import.py [--repeats 20] [--quick] [--no-accelerate]
 """

@@ -4,7 +4,8 @@ Both start the same script, which only builds an ``Accelerator`` (joining the 2-
 group) and exits: the figure is the wall time from the command's start to its exit, i.e.
 launcher start-up, worker start-up (Python + torch import), rendezvous and shutdown. torchrun
 is run as ``python -m torch.distributed.run --standalone`` with the same interpreter. Runs
-alternate between the launchers (rotating which goes first); medians over the repeats.
+alternate between the launchers (rotating which goes first); medians and min / median / max
+over the repeats.
 
 Run:  python benchmarks/bench_launch.py [--repeats 10] [--quick]
 """

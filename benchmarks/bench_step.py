@@ -10,6 +10,8 @@ the ratio to plain PyTorch (CPU time isolates framework overhead when the machin
 The "+ accumulate()" row wraps the accel/accelerate steps in ``accelerator.accumulate(model)``
 (gradient_accumulation_steps=1), as many scripts do. "torch again" is a second, identical
 plain-PyTorch loop: its ratio to the first is the noise floor of the run (an A/A control).
+Min / median / max per step follow the tables; every case's wall time (and the tiny model's CPU
+time) is also recorded for run_all.sh's results file (``_common.record``).
 
 Run:  python benchmarks/bench_step.py [--repeats 30] [--quick] [--no-accelerate]
 """

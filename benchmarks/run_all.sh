@@ -23,18 +23,18 @@ python="${PYTHON:-python}"
 # The benchmarks, in the order they run. Columns (separated by "|"): the script; its options
 # for a full run; its options with --quick; "cuda" if it needs a GPU. {flags} stands for
 # run_all.sh's own pass-through flags (--no-accelerate), for scripts that take them. The
-# minutes are a full run's rough wall time on a 2-core machine (README.md has the figures).
+# minutes estimate a full run on an idle 2-core machine (about 10 min in all on the CPU).
 BENCHMARKS='
-bench_step.py               | {flags}  | --quick {flags}        |       # ~4 min
-bench_gather.py             | {flags}  | --quick {flags}        |       # ~2 min
-bench_fsdp.py               | {flags}  | --quick {flags}        |       # ~4 min
-bench_import.py             | {flags}  | --quick {flags}        |       # ~2 min
-bench_launch.py             | {flags}  | --quick {flags}        |       # ~2 min
-bench_checkpoint.py         |          | --mb 10 --repeats 2    |       # ~2 min
-bench_sharded_checkpoint.py |          | --layers 2 --repeats 2 |       # ~2 min
-bench_horovod.py            | {flags}  | --quick {flags}        |       # ~2 min
-bench_horovod_elastic.py    | {flags}  | --quick {flags}        |       # ~2 min
-bench_big_model.py          | {flags}  | --quick {flags}        |       # ~1 min
+bench_step.py               | {flags}  | --quick {flags}        |       # ~1 min
+bench_gather.py             | {flags}  | --quick {flags}        |       # ~0.5 min
+bench_fsdp.py               | {flags}  | --quick {flags}        |       # ~1.5 min
+bench_import.py             | {flags}  | --quick {flags}        |       # ~1.5 min
+bench_launch.py             | {flags}  | --quick {flags}        |       # ~1.5 min
+bench_checkpoint.py         |          | --mb 10 --repeats 2    |       # ~0.5 min
+bench_sharded_checkpoint.py |          | --layers 2 --repeats 2 |       # ~1 min
+bench_horovod.py            | {flags}  | --quick {flags}        |       # ~0.5 min
+bench_horovod_elastic.py    | {flags}  | --quick {flags}        |       # ~1 min
+bench_big_model.py          | {flags}  | --quick {flags}        |       # ~0.5 min
 bench_gpu.py                | {flags}  | --quick {flags}        | cuda  # ~3 min on a GPU
 '
 
