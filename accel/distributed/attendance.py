@@ -99,6 +99,7 @@ class Attendance:
         self.timeout = timeout.total_seconds() if timeout is not None else 1800.0
         self._calls = 0  # this rank's arrivals (their nonces)
         self._taken: set[int] = set()  # operations this rank took part in or took the outcome of
+        self._done_at = ""  # rank 0: the ``at`` key of its last operation that everyone joined
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy in another process (a DataLoader worker started with spawn that captured the
@@ -118,6 +119,9 @@ class Attendance:
         number = store.add("count", 1)
         here = self.monitor.progress
         self.monitor.publish_progress()
+        if self._done_at:  # every rank of that one has left join() since (then came its
+            store.delete_key(self._done_at)  # collectives): no one reads it again
+            self._done_at = ""
         store.set(self._at(here), f"{number}|open")
         peers = {r: _Peer() for r in range(1, self.world_size)}
         reason, timed_out, delay = "", False, _POLL[0]
@@ -137,6 +141,8 @@ class Attendance:
         for rank in present:  # each waits in join() for exactly this answer
             store.set(f"answer/{rank}/{peers[rank].nonce}",
                       f"{number}|{'all' if everyone else 'alone'}")
+        if everyone:  # a late arrival reads ``at`` only after an operation rank 0 did alone
+            self._done_at = self._at(here)
         return Roll(number, everyone, present, tuple(r for r in peers if r not in present),
                     reason, timed_out, waited=time.monotonic() - start)
 
@@ -230,7 +236,11 @@ class Attendance:
         if not store.check([key]):
             return None
         number, mode = store.get(key).decode().split("|")
-        store.delete_key(key)
+        # answered: rank 0 claimed this arrival and reads it no more, so nothing of it stays in
+        # the store (a save every few steps would otherwise add keys for the whole run); the
+        # arrival goes first, so that its claim is never missing while it can still be read
+        for used in (f"arrive/{self.rank}", f"claim/{self.rank}/{nonce}", key):
+            store.delete_key(used)
         return Roll(int(number), everyone=mode == "all")
 
     def _late(self, store: dist.Store, nonce: str, here: Progress) -> Roll | None:
