@@ -10,7 +10,7 @@ optimizer steps over data made here from a fixed seed, shuffled each epoch, with
 
 For the controller that kills it, every rank announces what it is doing in
 ``<run dir>/status/attempt_<a>_rank_<r>.json`` (written atomically: ``{"attempt", "pid",
-"phase", "step"}``, phase one of start/load/train/save/done) and appends one line per
+"phase", "step", "resumed"}``, phase one of start/load/train/save/done) and appends one line per
 finished step to ``<run dir>/steps/rank_<r>.log`` (``attempt step``), which counts the work
 done by attempts that were killed. At the end rank 0 writes every parameter and optimizer tensor to
 ``<run dir>/final.pt`` (``torch.save``; read with ``weights_only=True``).
@@ -48,6 +48,7 @@ class Announcer:
 
     def __init__(self, run_dir: Path, rank: int, attempt: int) -> None:
         self.attempt, self.pid = attempt, os.getpid()
+        self.resumed = ""  # the checkpoint this attempt loaded
         (run_dir / "status").mkdir(parents=True, exist_ok=True)
         (run_dir / "steps").mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "status" / f"attempt_{attempt}_rank_{rank}.json"
@@ -57,7 +58,8 @@ class Announcer:
 
     def phase(self, phase: str, step: int) -> None:
         self.tmp.write_text(json.dumps({"attempt": self.attempt, "pid": self.pid,
-                                        "phase": phase, "step": step}))
+                                        "phase": phase, "step": step,
+                                        "resumed": self.resumed}))
         os.replace(self.tmp, self.path)
 
     def finished(self, step: int) -> None:
@@ -116,7 +118,7 @@ def main() -> None:
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
     announce.phase("load", -1)
-    accelerator.load_state(missing_ok=True)
+    announce.resumed = os.path.basename(accelerator.load_state(missing_ok=True) or "")
     announce.phase("train", progress.step)
     while progress.step < args.steps:
         for xb, yb in loader:

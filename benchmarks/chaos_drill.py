@@ -298,8 +298,9 @@ def _compare(expected: Path, got: Path) -> list[str]:
             if ref[name].dtype != new[name].dtype or not torch.equal(ref[name], new[name])]
 
 
-def _strays(project: Path, total_limit: int, steps: int) -> list[str]:
-    """Entries under the project that are not complete checkpoints (at most total_limit)."""
+def _strays(project: Path, total_limit: int, steps: int, resumed: str) -> list[str]:
+    """Entries under the project that are not complete checkpoints: at most ``total_limit``,
+    and the one the last attempt resumed from (rotation never deletes it)."""
     sys.path.insert(0, str(ROOT))
     from accel.checkpoint import read_manifest, verify
 
@@ -317,7 +318,7 @@ def _strays(project: Path, total_limit: int, steps: int) -> list[str]:
             kept.append(path)
         except Exception as exc:  # noqa: BLE001 - reported as a finding of the drill
             strays.append(f"checkpoints/{path.name} ({exc})")
-    if len(kept) > total_limit:
+    if len([p for p in kept if p.name != resumed]) > total_limit:
         strays.append(f"{len(kept)} checkpoints kept, total_limit is {total_limit}")
     if not kept or read_manifest(kept[-1]).meta.get("optimizer_steps") != steps:
         strays.append(f"the newest checkpoint is not the one of step {steps}")
@@ -387,7 +388,9 @@ def run_drill(work_dir: Path, kills: int, seed: int, steps: int = 60, save_every
                                   work_dir / "chaos" / "final.pt")
     result.identical = not result.differences
     result.leftover_processes = _wait_gone(str(work_dir))
-    result.stray_entries = _strays(work_dir / "chaos" / "project", total_limit, steps)
+    last = job.status(len(result.kills), 0) or {}
+    result.stray_entries = _strays(work_dir / "chaos" / "project", total_limit, steps,
+                                   str(last.get("resumed", "")))
     result.steps_executed = _executed(work_dir / "chaos")
     return result
 
