@@ -74,6 +74,17 @@ def test_fsdp_benchmark_runs(tmp_path: Path) -> None:
     assert "target: per-rank total <= unsharded total / N + the largest unit" in out, out
 
 
+@pytest.mark.slow
+def test_soak_runs() -> None:
+    done = _run(str(BENCH / "soak.py"), "--quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "Slope per 1000 steps" in out and "verdict:" in out, out
+    rows = {line.split()[0] for line in out.splitlines()[3:]}
+    assert {"rss_mib", "fds", "threads", "children", "process_groups", "store_keys",
+            "py_objects"} <= rows, out
+
+
 def test_gpu_benchmark_says_why_without_cuda() -> None:
     import torch
 
