@@ -119,9 +119,9 @@ def stop_worker() -> None:
         getattr(table, "push_deltas", lambda: None)()
     if not session.local:
         session.start_rpc()
-        for future in [session.call(s, _remote.worker_done, session.role.index)
-                       for s in range(session.role.server_num)]:
-            future.wait()
+        for s, future in [(s, session.call(s, _remote.worker_done, session.role.index))
+                          for s in range(session.role.server_num)]:
+            session.wait(s, future)
     session.shutdown()
 
 
@@ -129,8 +129,8 @@ def server_stats() -> dict[str, Any]:
     """Rows pulled and pushed so far, per table, summed over the servers (for benchmarks)."""
     session = _session.current()
     totals: dict[str, Any] = {}
-    for future in [session.call(s, _remote.stats) for s in range(session.role.server_num)]:
-        for name, (pulled, pushed) in future.wait().items():
+    for s, future in [(s, session.call(s, _remote.stats)) for s in range(session.role.server_num)]:
+        for name, (pulled, pushed) in session.wait(s, future).items():
             old = totals.get(name, (0, 0))
             totals[name] = (old[0] + pulled, old[1] + pushed)
     return totals

@@ -17,6 +17,7 @@ among workers by an ``Accelerator`` as usual and servers never join a collective
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,8 +84,12 @@ class Session:
         if self.is_server:
             self.server = ServerState(self.role.index, self.role.server_num,
                                       self.role.worker_num)
-        rpc.init_rpc(name, rank=self.role.rank, world_size=self.role.world_size,
-                     rpc_backend_options=options)
+        with warnings.catch_warnings():
+            # torch's RPC start-up uses its own gloo backend object as a group (its warning)
+            warnings.filterwarnings("ignore", message="You are using a Backend",
+                                    category=UserWarning)
+            rpc.init_rpc(name, rank=self.role.rank, world_size=self.role.world_size,
+                         rpc_backend_options=options)
         self.rpc_started = True
 
     def call(self, server: int, fn: Callable[..., Any], *args: Any) -> torch.futures.Future[Any]:
@@ -100,6 +105,20 @@ class Session:
         from torch.distributed import rpc
 
         return rpc.rpc_async(server_name(server), fn, args=args)
+
+    def wait(self, server: int, future: torch.futures.Future[Any]) -> Any:
+        """``future.wait()``; a lost connection to ``server`` raises a ConnectionError that
+        names it (the launcher's report then ranks it after the server's own failure)."""
+        try:
+            return future.wait()
+        except RuntimeError as exc:
+            text = str(exc)
+            if "tensorpipe" not in text.lower() and "eof" not in text:
+                raise
+            raise ConnectionError(
+                f"parameter server {server} ({server_name(server)}) went away: connection "
+                f"closed by peer ({text.strip().splitlines()[0]}); the job cannot go on "
+                "without its rows: see the server's failure in the launcher's report") from exc
 
     def live_tables(self) -> list[Flushable]:
         alive = [t for ref in self.tables if (t := ref()) is not None]

@@ -37,9 +37,9 @@ class _Accelerator(Protocol):
 
 
 def _servers(session: _session.Session, fn: Any, directory: str) -> None:
-    futures = [session.call(s, fn, directory) for s in range(session.role.server_num)]
-    for future in futures:
-        future.wait()
+    futures = [(s, session.call(s, fn, directory)) for s in range(session.role.server_num)]
+    for s, future in futures:
+        session.wait(s, future)
 
 
 def checkpoint_with(accelerator: _Accelerator) -> tuple[Any, Any]:

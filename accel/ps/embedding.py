@@ -45,6 +45,9 @@ from .server import MODES, TableConfig, out_of_range
 
 __all__ = ["ShardedEmbedding", "ShardedEmbeddingBag"]
 
+#: A request in flight: (server, its future).
+_Call = tuple[int, torch.futures.Future[Any]]
+
 
 class _Geo:
     """``geo`` mode: the rows this worker trains locally since the last exchange."""
@@ -118,7 +121,7 @@ class ShardedEmbedding(nn.Module):
         self._session = session
         self._worker = session.role.index
         self._seq = 0
-        self._pending: list[list[torch.futures.Future[Any]]] = []
+        self._pending: list[list[_Call]] = []
         self._geo = _Geo(embedding_dim, self.sparse_optimizer)
         self._wait(self._broadcast(_remote.create_table, self._config.to_json()))
         session.tables.append(weakref.ref(self))
@@ -128,23 +131,23 @@ class ShardedEmbedding(nn.Module):
                 f"mode={self.mode!r}, optimizer={self.sparse_optimizer}")
 
     # -- transport -------------------------------------------------------------------------
-    def _broadcast(self, fn: Any, *args: Any) -> list[torch.futures.Future[Any]]:
-        return [self._session.call(s, fn, *args) for s in range(self._session.role.server_num)]
+    def _broadcast(self, fn: Any, *args: Any) -> list[_Call]:
+        return [(s, self._session.call(s, fn, *args))
+                for s in range(self._session.role.server_num)]
 
-    @staticmethod
-    def _wait(futures: Sequence[torch.futures.Future[Any]]) -> list[Any]:
-        return [f.wait() for f in futures]
+    def _wait(self, calls: Sequence[_Call]) -> list[Any]:
+        return [self._session.wait(s, f) for s, f in calls]
 
     def _by_server(self, ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         owner = self._partition.owner(ids)
         return [(s, owner == s) for s in range(self._session.role.server_num)]
 
     def _pull(self, ids: torch.Tensor) -> torch.Tensor:
-        parts = [(mask, self._session.call(s, _remote.pull, self.name, ids[mask]))
+        parts = [(mask, s, self._session.call(s, _remote.pull, self.name, ids[mask]))
                  for s, mask in self._by_server(ids) if bool(mask.any())]
         out = torch.empty(len(ids), self.embedding_dim)
-        for mask, future in parts:
-            out[mask] = future.wait()
+        for mask, s, future in parts:
+            out[mask] = self._session.wait(s, future)
         return out
 
     def _check(self, ids: torch.Tensor) -> torch.Tensor:
@@ -166,7 +169,7 @@ class ShardedEmbedding(nn.Module):
         if self.mode == "sync":
             self.flush()
             return
-        while self._pending and (all(f.done() for f in self._pending[0]) or (
+        while self._pending and (all(f.done() for _, f in self._pending[0]) or (
                 self.max_staleness is not None and len(self._pending) > self.max_staleness)):
             self._wait(self._pending.pop(0))
 
@@ -176,8 +179,8 @@ class ShardedEmbedding(nn.Module):
         # sync: every server hears from every worker each step (an empty push completes the
         # round); async: only the servers that own a row of the batch
         self._pending.append([
-            self._session.call(s, _remote.push, self.name, self._worker, seq, ids[mask],
-                               grad[mask])
+            (s, self._session.call(s, _remote.push, self.name, self._worker, seq, ids[mask],
+                                   grad[mask]))
             for s, mask in self._by_server(ids) if self.mode == "sync" or bool(mask.any())])
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -216,8 +219,8 @@ class ShardedEmbedding(nn.Module):
         geo = self._geo
         if len(geo.ids):
             delta = geo.weight - geo.base
-            self._wait([self._session.call(s, _remote.add_delta, self.name, geo.ids[mask],
-                                           delta[mask])
+            self._wait([(s, self._session.call(s, _remote.add_delta, self.name,
+                                               geo.ids[mask], delta[mask]))
                         for s, mask in self._by_server(geo.ids) if bool(mask.any())])
         geo.clear()
 
