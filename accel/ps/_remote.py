@@ -36,7 +36,7 @@ def pull(table: str, ids: torch.Tensor) -> torch.Tensor:
     return _server().shard(table).pull(ids)
 
 
-@rpc_functions.async_execution
+@rpc_functions.async_execution  # type: ignore[untyped-decorator]
 def push(table: str, worker: int, seq: int, ids: torch.Tensor, grads: torch.Tensor
          ) -> torch.futures.Future[None]:
     return _server().shard(table).push(worker, seq, ids, grads)

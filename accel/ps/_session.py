@@ -88,8 +88,8 @@ class Session:
             # torch's RPC start-up uses its own gloo backend object as a group (its warning)
             warnings.filterwarnings("ignore", message="You are using a Backend",
                                     category=UserWarning)
-            rpc.init_rpc(name, rank=self.role.rank, world_size=self.role.world_size,
-                         rpc_backend_options=options)
+            rpc.init_rpc(name, rank=self.role.rank,  # type: ignore[no-untyped-call]
+                         world_size=self.role.world_size, rpc_backend_options=options)
         self.rpc_started = True
 
     def call(self, server: int, fn: Callable[..., Any], *args: Any) -> torch.futures.Future[Any]:
@@ -104,7 +104,8 @@ class Session:
         self.start_rpc()
         from torch.distributed import rpc
 
-        return rpc.rpc_async(server_name(server), fn, args=args)
+        future: torch.futures.Future[Any] = rpc.rpc_async(server_name(server), fn, args=args)
+        return future
 
     def wait(self, server: int, future: torch.futures.Future[Any]) -> Any:
         """``future.wait()``; a lost connection to ``server`` raises a ConnectionError that

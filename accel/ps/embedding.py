@@ -192,7 +192,8 @@ class ShardedEmbedding(nn.Module):
         rows = self._pull(ids)
         if train:
             rows.requires_grad_(True)
-            rows.register_hook(lambda grad: self._push(ids, grad))
+            rows.register_hook(  # type: ignore[no-untyped-call]
+                lambda grad: self._push(ids, grad))
         return rows
 
     def _geo_rows(self, ids: torch.Tensor, train: bool) -> torch.Tensor:
@@ -204,7 +205,8 @@ class ShardedEmbedding(nn.Module):
         rows = geo.weight[slots].clone()
         if train:
             rows.requires_grad_(True)
-            rows.register_hook(lambda grad: self._geo_step(slots, grad))
+            rows.register_hook(  # type: ignore[no-untyped-call]
+                lambda grad: self._geo_step(slots, grad))
         return rows
 
     def _geo_step(self, slots: torch.Tensor, grad: torch.Tensor) -> None:
@@ -261,7 +263,7 @@ class ShardedEmbeddingBag(ShardedEmbedding):
                          **kwargs)
         self.bag_mode = mode
 
-    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,  # type: ignore[override]
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids = self._check(input)
         unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)

@@ -124,10 +124,11 @@ def sync_equals_reference(acc: Accelerator, prefix: str, partition: str
         ref.tables[2].weight.grad = None
     every = torch.arange(N)
     torch.set_grad_enabled(False)
-    diffs = [float((t.pull(every) - r.weight).abs().max()) for t, r in zip(net.tables, ref.tables)]
+    diffs = [float((t.pull(every) - r.weight).abs().max()) for t, r in
+             zip(net.tables, ref.tables, strict=True)]
     head = acc.unwrap_model(model).head
-    diffs.append(float(max((a - b).abs().max() for a, b in zip(head.parameters(),
-                                                               ref.head.parameters()))))
+    pairs = zip(head.parameters(), ref.head.parameters(), strict=True)
+    diffs.append(float(max((a - b).abs().max() for a, b in pairs)))
     moved = float((net.tables[2].pull(every) - ref_tables_initial(net.tables[2])).abs().max())
     torch.set_grad_enabled(True)
     return model, opt, max(diffs) if moved > 0 else float("nan")
