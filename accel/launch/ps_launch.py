@@ -80,8 +80,9 @@ def _from_lists(flags: dict[str, Any], is_local: Callable[[str], bool]) -> str:
     for name, value in (("server_num", len(servers)), ("worker_num", len(workers))):
         _set(flags, name, value, why)
     if len({s + w for s, w in counts}) != 1:
-        raise CLIError(f"--servers/--workers give the machines {dict(zip(machines, counts, strict=True))} "
-                       "(servers, workers); torchrun needs the same number of processes on "
+        layout = dict(zip(machines, counts, strict=True))
+        raise CLIError(f"--servers/--workers give the machines {layout} (servers, workers)"
+                       "; torchrun needs the same number of processes on "
                        "every machine: list the hosts so that each runs as many")
     _set(flags, "num_processes", len(servers) + len(workers), why)
     if len(machines) > 1:
