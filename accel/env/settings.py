@@ -281,9 +281,6 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_ELASTIC_DIR", "directory where hvd.elastic commits are kept for "
                   "restarted workers; shared storage survives a lost machine (default: <temp "
                   "dir>/accel-elastic-<user>)", "elastic_dir", _text),
-    AccelVariable("ACCEL_PS_LAYOUT", "parameter-server roles, servers:workers per machine "
-                  "(accel launch --server_num/--worker_num; read by accel.ps and by "
-                  "detect_launch: the workers alone form the process group)"),
     AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the
@@ -293,6 +290,9 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_NUM_MACHINES", "machines requested (internal)", documented=False),
     AccelVariable("ACCEL_AGENT_PID", "pid of the launcher's agent; workers die with it "
                   "(internal)", documented=False),
+    AccelVariable("ACCEL_PS_LAYOUT", "parameter-server roles from `accel launch --server_num/"
+                  "--worker_num`: servers:workers per machine, read by accel.ps and "
+                  "detect_launch (internal)", documented=False),
     AccelVariable("ACCEL_RANK_LOG_DIR", "`accel launch --log_dir`: where each worker links "
                   "its log files as workerlog.<rank> (internal)", documented=False),
 )
