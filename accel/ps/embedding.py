@@ -175,7 +175,7 @@ class ShardedEmbedding(nn.Module):
 
     def _push(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
         seq, self._seq = self._seq, self._seq + 1
-        grad = grad.detach().float().contiguous()
+        grad = grad.detach().float().cpu().contiguous()
         # sync: every server hears from every worker each step (an empty push completes the
         # round); async: only the servers that own a row of the batch
         self._pending.append([
@@ -211,7 +211,7 @@ class ShardedEmbedding(nn.Module):
 
     def _geo_step(self, slots: torch.Tensor, grad: torch.Tensor) -> None:
         geo = self._geo
-        self.sparse_optimizer.apply(geo.weight, geo.state, slots, grad.detach().float())
+        self.sparse_optimizer.apply(geo.weight, geo.state, slots, grad.detach().float().cpu())
         geo.steps += 1
         if geo.steps % self.k_steps == 0:
             self.push_deltas()
@@ -235,15 +235,21 @@ class ShardedEmbedding(nn.Module):
         """The servers' current rows of ``ids`` (after this worker's pushes are applied); no
         gradient."""
         self.flush()
-        flat = self._check(torch.as_tensor(ids)).reshape(-1)
+        flat = self._check(torch.as_tensor(ids)).reshape(-1).cpu()
         unique, inverse = torch.unique(flat, return_inverse=True)
         with torch.no_grad():
             return self._pull(unique)[inverse].reshape(*torch.as_tensor(ids).shape, -1)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
+    def _lookup(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each id's position among the distinct ids, their rows), on the ids' device; the
+        rows travel to and from the servers on the CPU."""
         ids = self._check(input)
-        unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        return F.embedding(inverse.reshape(ids.shape), self._rows(unique))
+        unique, inverse = torch.unique(ids.reshape(-1).cpu(), return_inverse=True)
+        rows = self._rows(unique)
+        return inverse.reshape(ids.shape).to(input.device), rows.to(input.device)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.embedding(*self._lookup(input))
 
 
 class ShardedEmbeddingBag(ShardedEmbedding):
@@ -265,7 +271,6 @@ class ShardedEmbeddingBag(ShardedEmbedding):
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        ids = self._check(input)
-        unique, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        return F.embedding_bag(inverse.reshape(ids.shape), self._rows(unique), offsets,
-                               mode=self.bag_mode, per_sample_weights=per_sample_weights)
+        inverse, rows = self._lookup(input)
+        return F.embedding_bag(inverse, rows, offsets, mode=self.bag_mode,
+                               per_sample_weights=per_sample_weights)

@@ -307,3 +307,14 @@ def test_checkpoint_with_saves_and_restores_the_servers_rows_in_the_manifest() -
     assert torch.equal(table.pull(torch.arange(12)), saved)
     for handle in handles:
         handle.remove()
+
+
+@pytest.mark.cuda
+def test_ids_on_a_gpu_give_rows_on_that_gpu_and_gradients_reach_the_server() -> None:
+    table = ps.ShardedEmbeddingBag(16, 4, mode="sum", sparse_optimizer=ps.SGD(lr=1.0),
+                                   name="unit_cuda")
+    start = table.pull(torch.arange(16))
+    out = table(torch.tensor([[2, 3]], device="cuda"))
+    assert out.device.type == "cuda"
+    out.sum().backward()
+    assert torch.allclose(table.pull(torch.tensor([2, 3])), start[2:4] - 1.0)
