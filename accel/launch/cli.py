@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -325,11 +326,13 @@ def _launch(args: argparse.Namespace) -> int:
 
     _check_target(args)
     config, config_note = _locate_config(args.config_file)
-    flags, ps_layout = ps_flags({key: value for key, value in vars(args).items()
+    flags, ps_layout, ps_sources = ps_flags({key: value for key, value in vars(args).items()
                                  if key not in ("command", "refused_flags")}, _is_local_address)
     settings = resolve_settings(flags, None, config, gpu_count=core.gpu_count,
                                 cpu_count=cpu_count(), run_id=uuid.uuid4().hex,
                                 is_local_address=_is_local_address, free_port=_free_port)
+    if ps_sources:
+        settings = dataclasses.replace(settings, sources={**settings.sources, **ps_sources})
     if config is not None and config.ignored:
         print(f"accel launch: warning: config file {config.path}: ignoring keys accel does not "
               f"use: {', '.join(config.ignored)}", file=sys.stderr)

@@ -12,9 +12,9 @@ returned here are ordinary launch flags (process count, machines), so every othe
 setting works as usual.
 
 Example:
-    >>> flags, layout = ps_flags({"server_num": 1, "worker_num": 2}, lambda host: False)
-    >>> flags["num_processes"], layout
-    (3, '1:2')
+    >>> flags, layout, sources = ps_flags({"server_num": 1, "worker_num": 2}, lambda h: False)
+    >>> flags["num_processes"], layout, sources["num_processes"]
+    (3, '1:2', 'flag --server_num 1 + --worker_num 2')
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = ["PS_FLAGS", "ps_flags"]
 
 #: The flags this module consumes (removed from what ``resolve_settings`` sees).
 PS_FLAGS = ("server_num", "worker_num", "servers", "workers")
+_SOURCES = "_ps_sources"  # where _set notes which launch settings the ps flags set
 
 
 def _hosts(text: str, flag: str) -> list[str]:
@@ -51,6 +52,7 @@ def _set(flags: dict[str, Any], name: str, value: Any, why: str) -> None:
         raise CLIError(f"--{name} {given} contradicts {why} (which implies {value}); drop "
                        f"--{name}")
     flags[name] = value
+    flags.setdefault(_SOURCES, {})[name] = f"flag {why}"
 
 
 def _from_counts(flags: dict[str, Any]) -> str:
@@ -94,13 +96,14 @@ def _from_lists(flags: dict[str, Any], is_local: Callable[[str], bool]) -> str:
                 raise CLIError(f"--servers/--workers: {len(local)} of the hosts "
                                f"{','.join(machines)} are this machine; say which with "
                                "--machine_rank")
-            flags["machine_rank"] = local[0]
+            _set(flags, "machine_rank", local[0], why)
     return format_ps_layout(counts)
 
 
 def ps_flags(flags: Mapping[str, Any], is_local: Callable[[str], bool]
-             ) -> tuple[dict[str, Any], str | None]:
-    """(launch flags without the ps ones, ``ACCEL_PS_LAYOUT``); None when no ps flag is given.
+             ) -> tuple[dict[str, Any], str | None, dict[str, str]]:
+    """(launch flags without the ps ones, ``ACCEL_PS_LAYOUT``, the sources of the launch
+    settings they set, for the settings table); layout None when no ps flag is given.
 
     Raises:
         CLIError: counts and lists disagree with each other or with -n / --num_machines.
@@ -108,11 +111,12 @@ def ps_flags(flags: Mapping[str, Any], is_local: Callable[[str], bool]
     out = {k: v for k, v in flags.items() if k not in PS_FLAGS}
     given = {k: flags.get(k) for k in PS_FLAGS if flags.get(k) is not None}
     if not given:
-        return out, None
+        return out, None, {}
     if flags.get("mpirun_hostfile"):
         raise CLIError("--mpirun_hostfile cannot start a parameter-server job; drop it "
                        "(torchrun's agent starts servers and workers)")
     out.update(given)
     layout = _from_lists(out, is_local) if ("servers" in given or "workers" in given) \
         else _from_counts(out)
-    return {k: v for k, v in out.items() if k not in PS_FLAGS}, layout
+    sources = {k: v for k, v in out.pop(_SOURCES, {}).items() if k not in PS_FLAGS}
+    return {k: v for k, v in out.items() if k not in PS_FLAGS}, layout, sources

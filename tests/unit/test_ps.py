@@ -68,18 +68,21 @@ def test_a_layout_that_does_not_match_the_formed_job_is_an_error() -> None:
 
 # -- launch flags ------------------------------------------------------------------------------
 def test_server_and_worker_counts_become_processes_and_the_layout() -> None:
-    flags, layout = ps_flags({"server_num": 2, "worker_num": 4, "num_machines": 2,
-                              "script": "t.py"}, lambda host: False)
+    flags, layout, sources = ps_flags({"server_num": 2, "worker_num": 4, "num_machines": 2,
+                                       "script": "t.py"}, lambda host: False)
     assert (flags["num_processes"], layout, "server_num" in flags) == (6, "1:2,1:2", False)
-    assert ps_flags({"script": "t.py"}, lambda host: False) == ({"script": "t.py"}, None)
+    assert sources == {"num_processes": "flag --server_num 2 + --worker_num 4"}
+    assert ps_flags({"script": "t.py"}, lambda host: False) == ({"script": "t.py"}, None, {})
     args = build_parser().parse_args(["launch", "--server_num", "1", "--worker_num", "2",
                                       "--servers", "a:1", "--workers", "a,b", "t.py"])
     assert (args.server_num, args.worker_num, args.servers, args.workers) == (1, 2, "a:1", "a,b")
 
 
 def test_fleetrun_host_lists_set_machines_main_address_and_this_machines_rank() -> None:
-    flags, layout = ps_flags({"servers": "10.0.0.1:6170,10.0.0.2:6170",
-                              "workers": "10.0.0.1,10.0.0.2"}, lambda host: host == "10.0.0.2")
+    flags, layout, sources = ps_flags({"servers": "10.0.0.1:6170,10.0.0.2:6170",
+                                       "workers": "10.0.0.1,10.0.0.2"},
+                                      lambda host: host == "10.0.0.2")
+    assert sources["machine_rank"] == sources["num_machines"] == "flag --servers/--workers"
     assert layout == "1:1,1:1"
     assert (flags["num_processes"], flags["num_machines"], flags["main_process_ip"],
             flags["machine_rank"]) == (4, 2, "10.0.0.1", 1)
