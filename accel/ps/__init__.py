@@ -111,18 +111,7 @@ def init_worker() -> None:
 def stop_worker() -> None:
     """Finish: wait for this worker's pushes (``geo``: push the local changes), tell the
     servers, and leave the RPC agent (it waits until every worker and server leaves)."""
-    session = _session.current()
-    if session.is_server or session.stopped:
-        return
-    for table in session.live_tables():
-        table.flush()
-        getattr(table, "push_deltas", lambda: None)()
-    if not session.local:
-        session.start_rpc()
-        for s, future in [(s, session.call(s, _remote.worker_done, session.role.index))
-                          for s in range(session.role.server_num)]:
-            session.wait(s, future)
-    session.shutdown()
+    _session.current().stop_worker()
 
 
 def server_stats() -> dict[str, Any]:

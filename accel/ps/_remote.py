@@ -14,18 +14,28 @@ import torch
 from torch.distributed.rpc import functions as rpc_functions
 
 from ..checkpoint.storage import load, save
-from . import _session
 from .server import ServerState, TableConfig
 
-__all__ = ["add_delta", "create_table", "load_shards", "pull", "push", "save_shards",
+__all__ = ["add_delta", "create_table", "load_shards", "pull", "push", "save_shards", "serve",
            "shard_file", "stats", "worker_done"]
 
 
+class _Served:
+    """The shards this process serves: set once by its session (``accel.ps._session``, which
+    explains why such a per-process slot exists); RPC calls from workers find them here."""
+
+    state: ServerState | None = None
+
+
+def serve(state: ServerState) -> None:
+    """Make ``state`` the shards the functions below work on (called by the session)."""
+    _Served.state = state
+
+
 def _server() -> ServerState:
-    state = _session.current().server
-    if state is None:
-        raise RuntimeError("this process is not a parameter server")
-    return state
+    if _Served.state is None:
+        raise RuntimeError("this process is not a parameter server (it holds no shards)")
+    return _Served.state
 
 
 def create_table(config_json: str) -> None:

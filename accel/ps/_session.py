@@ -17,6 +17,7 @@ among workers by an ``Accelerator`` as usual and servers never join a collective
 
 from __future__ import annotations
 
+import atexit
 import warnings
 import weakref
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from ..env import PsRole, ps_role, read_settings
+from . import _remote
 from .server import ServerState
 
 __all__ = ["Flushable", "Session", "current", "server_name"]
@@ -35,11 +37,14 @@ _DEFAULT_TIMEOUT = 1800.0
 
 
 class Flushable(Protocol):
-    """A table on a worker: waits for its pushes in flight, drops what it cached locally."""
+    """A table on a worker: waits for its pushes in flight, pushes (``geo``) or drops what it
+    trained locally."""
 
     def flush(self) -> None: ...
 
     def reset_cache(self) -> None: ...
+
+    def push_deltas(self) -> None: ...
 
 
 def server_name(index: int) -> str:
@@ -84,6 +89,7 @@ class Session:
         if self.is_server:
             self.server = ServerState(self.role.index, self.role.server_num,
                                       self.role.worker_num)
+            _remote.serve(self.server)
         with warnings.catch_warnings():
             # torch's RPC start-up uses its own gloo backend object as a group (its warning)
             warnings.filterwarnings("ignore", message="You are using a Backend",
@@ -91,6 +97,8 @@ class Session:
             rpc.init_rpc(name, rank=self.role.rank,  # type: ignore[no-untyped-call]
                          world_size=self.role.world_size, rpc_backend_options=options)
         self.rpc_started = True
+        if not self.is_server:  # servers wait for every worker: none may leave without a word
+            atexit.register(self._stop_at_exit)
 
     def call(self, server: int, fn: Callable[..., Any], *args: Any) -> torch.futures.Future[Any]:
         """Run ``fn(*args)`` (a function of :mod:`accel.ps._remote`) on ``server``."""
@@ -126,6 +134,29 @@ class Session:
         self.tables = [weakref.ref(t) for t in alive]
         return alive
 
+    def stop_worker(self) -> None:
+        """Flush every table (``geo``: push local changes), tell the servers that this worker
+        is done, leave the RPC agent. Idempotent; a no-op on a server."""
+        if self.is_server or self.stopped:
+            return
+        for table in self.live_tables():
+            table.flush()
+            table.push_deltas()
+        if not self.local:
+            self.start_rpc()
+            calls = [(s, self.call(s, _remote.worker_done, self.role.index))
+                     for s in range(self.role.server_num)]
+            for s, future in calls:
+                self.wait(s, future)
+        self.shutdown()
+
+    def _stop_at_exit(self) -> None:
+        if not self.stopped:
+            warnings.warn("the script ended without accel.ps.stop_worker(): stopping this "
+                          "worker now so that the servers can finish; call ps.stop_worker() "
+                          "at the end of training", stacklevel=1)
+            self.stop_worker()
+
     def shutdown(self) -> None:
         """Leave the RPC agent gracefully: waits until every server and worker leaves it."""
         if self.rpc_started:
@@ -152,5 +183,6 @@ def current() -> Session:
         session = Session(role, local)
         if local:
             session.server = ServerState(0, 1, 1)
+            _remote.serve(session.server)
         _Holder.session = session
     return _Holder.session

@@ -55,7 +55,7 @@ def checkpoint_with(accelerator: _Accelerator) -> tuple[Any, Any]:
     def save_hook(models: Any, weights: Any, output_dir: str) -> None:
         for table in session.live_tables():
             table.flush()
-            getattr(table, "push_deltas", lambda: None)()
+            table.push_deltas()
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             _servers(session, _remote.save_shards, output_dir)

@@ -61,6 +61,8 @@ def test_two_servers_on_two_machines_then_one_server_two_workers(tmp_path: Path)
     for code, out, err in done:
         assert code == 0, out + err
         assert "servers:workers per machine 1:1,1:1" in err
+    # worker 1 does not call ps.stop_worker(): it is stopped at exit, and the servers finish
+    assert "ended without accel.ps.stop_worker()" in done[1][2]
     saved = {**results(done[0][1]), **results(done[1][1])}
     assert sorted(saved) == [0, 1]
     for row in saved.values():

@@ -272,6 +272,8 @@ def main() -> None:
     acc = Accelerator(cpu=True)
     if phase == "save":
         phase_save(acc, sys.argv[2])
+        if ps.worker_index() == 1:
+            return  # forgets stop_worker(): stopped at exit, with a warning, and the job ends
     else:
         report = phase_load(acc, sys.argv[2])
         report.update(phase_modes(acc))
