@@ -240,11 +240,23 @@ def phase_modes(acc: Accelerator) -> dict[str, Any]:
     return {"losses": losses, "error": error}
 
 
+def _die_once_trained() -> None:
+    """On the server: SIGKILL once the workers' training is under way (5 rows pushed)."""
+    from accel.ps import _remote
+
+    while True:
+        state = _remote._Served.state
+        shard = state.shards.get("drill") if state is not None else None
+        if shard is not None and shard.pushed_rows >= 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.05)
+
+
 def drill(kind: str) -> None:
     """A process kills itself with SIGKILL in the middle of training."""
     if ps.is_server():
         if kind == "drill-server":
-            threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            threading.Thread(target=_die_once_trained, daemon=True).start()
         ps.run_server()
         return
     acc = Accelerator(cpu=True)
