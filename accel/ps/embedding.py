@@ -12,7 +12,14 @@ optimizer. The mode says when a pushed gradient must be in before the next pull:
   own steps are still in flight (None: never).
 - ``"geo"``: rows are trained locally by the worker with the same optimizer rule, and every
   ``k_steps`` steps the changes (deltas) are pushed and the local rows dropped, so the next
-  step pulls what every worker contributed.
+  step pulls what every worker contributed (the server adds ``delta / workers``: the workers'
+  rows are averaged, as in local SGD). The local optimizer state (Adagrad's sums, Adam's
+  moments) restarts at each exchange, so ``ps.SGD`` is the natural rule here (Paddle's
+  GEO-SGD).
+
+Each backward pushes: under gradient accumulation every micro-batch's row gradients are applied
+(the dense parameters wait for the accumulation boundary as usual). In ``sync`` mode every
+worker must run the same number of backward passes through a table.
 
 Example (one process: the process holds the only server itself):
     >>> import torch
@@ -118,7 +125,6 @@ class ShardedEmbedding(nn.Module):
             mode, seed if seed is not None else zlib.crc32(self.name.encode()), float(scale),
             session.role.worker_num)
         self._partition = Partition(num_embeddings, session.role.server_num, partition)
-        self._session = session
         self._worker = session.role.index
         self._seq = 0
         self._pending: list[list[_Call]] = []
@@ -126,28 +132,38 @@ class ShardedEmbedding(nn.Module):
         self._wait(self._broadcast(_remote.create_table, self._config.to_json()))
         session.tables.append(weakref.ref(self))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (deepcopy, an EMA model) shares the servers' rows, not this one's requests
+        state = self.__dict__.copy()
+        state["_pending"] = []
+        return state
+
+    @property
+    def _ps(self) -> _session.Session:
+        return _session.current()  # not an attribute: copies of the module share the session
+
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}, "
                 f"mode={self.mode!r}, optimizer={self.sparse_optimizer}")
 
     # -- transport -------------------------------------------------------------------------
     def _broadcast(self, fn: Any, *args: Any) -> list[_Call]:
-        return [(s, self._session.call(s, fn, *args))
-                for s in range(self._session.role.server_num)]
+        return [(s, self._ps.call(s, fn, *args))
+                for s in range(self._ps.role.server_num)]
 
     def _wait(self, calls: Sequence[_Call]) -> list[Any]:
-        return [self._session.wait(s, f) for s, f in calls]
+        return [self._ps.wait(s, f) for s, f in calls]
 
     def _by_server(self, ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         owner = self._partition.owner(ids)
-        return [(s, owner == s) for s in range(self._session.role.server_num)]
+        return [(s, owner == s) for s in range(self._ps.role.server_num)]
 
     def _pull(self, ids: torch.Tensor) -> torch.Tensor:
-        parts = [(mask, s, self._session.call(s, _remote.pull, self.name, ids[mask]))
+        parts = [(mask, s, self._ps.call(s, _remote.pull, self.name, ids[mask]))
                  for s, mask in self._by_server(ids) if bool(mask.any())]
         out = torch.empty(len(ids), self.embedding_dim)
         for mask, s, future in parts:
-            out[mask] = self._session.wait(s, future)
+            out[mask] = self._ps.wait(s, future)
         return out
 
     def _check(self, ids: torch.Tensor) -> torch.Tensor:
@@ -179,7 +195,7 @@ class ShardedEmbedding(nn.Module):
         # sync: every server hears from every worker each step (an empty push completes the
         # round); async: only the servers that own a row of the batch
         self._pending.append([
-            (s, self._session.call(s, _remote.push, self.name, self._worker, seq, ids[mask],
+            (s, self._ps.call(s, _remote.push, self.name, self._worker, seq, ids[mask],
                                    grad[mask]))
             for s, mask in self._by_server(ids) if self.mode == "sync" or bool(mask.any())])
 
@@ -221,7 +237,7 @@ class ShardedEmbedding(nn.Module):
         geo = self._geo
         if len(geo.ids):
             delta = geo.weight - geo.base
-            self._wait([(s, self._session.call(s, _remote.add_delta, self.name,
+            self._wait([(s, self._ps.call(s, _remote.add_delta, self.name,
                                                geo.ids[mask], delta[mask]))
                         for s, mask in self._by_server(geo.ids) if bool(mask.any())])
         geo.clear()

@@ -4,6 +4,7 @@ optimizers, server shards (sync rounds, re-partitioning restore) and the tables 
 
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
 from pathlib import Path
@@ -247,6 +248,13 @@ def test_forward_pulls_rows_and_backward_applies_the_sparse_optimizer() -> None:
         table(ids)  # no gradient: nothing pushed
     assert torch.allclose(table.pull(torch.arange(30)), expected)
     assert ps.server_stats()["unit_sgd"][1] == 3
+
+
+def test_a_copy_of_a_table_reads_the_same_server_rows() -> None:
+    table = ps.ShardedEmbedding(6, 2, ps.SGD(lr=1.0), name="unit_copy")
+    table(torch.tensor([1])).sum().backward()  # a push in flight
+    twin = copy.deepcopy(table)
+    assert torch.equal(twin.pull(torch.arange(6)), table.pull(torch.arange(6)))
 
 
 def test_out_of_range_ids_raise_at_the_call_site_naming_the_id_and_the_size() -> None:
