@@ -151,7 +151,7 @@ def test_setup_commands() -> None:
     assert "scikit-learn" in extras["examples"] and "transformers" in extras["transformers"]
     # the test command installs only `.[test]`: it must bring what every test needs
     needed = {"pytest", "pyyaml", "scikit-learn", "tensorboard", "nbclient", "ipykernel", "ruff",
-              "mypy", "wandb", "mlflow-skinny", "comet-ml", "aim", "pillow"}
+              "mypy", "wandb", "mlflow-skinny", "comet-ml", "aim", "pillow", "matplotlib"}
     have = {re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower() for req in extras["test"]}
     assert needed <= have, f"the test extra lacks {sorted(needed - have)}"
     listed = re.search(r"^Optional extras: (.*?)\n\n", readme(), re.MULTILINE | re.DOTALL)
