@@ -113,3 +113,17 @@ def test_ctr_example_runs_with_one_server_and_two_workers(tmp_path: Path) -> Non
     assert code == 0, out + err
     assert "eval loss" in out
     assert list((tmp_path / "run" / "checkpoints").glob("checkpoint_*/ps/*/shard-*"))
+
+
+def test_bench_ps_quick_prints_rows_and_samples_per_second_and_records_them(
+        tmp_path: Path) -> None:
+    records = tmp_path / "records.jsonl"
+    done = subprocess.run([sys.executable, str(EXAMPLES.parent / "benchmarks" / "bench_ps.py"),
+                           "--quick", "--no-accelerate"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT * 2,
+                          env=clean_env(tmp_path, ACCEL_BENCH_RESULTS=str(records)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rows/s pulled" in done.stdout and "async / sync samples/s" in done.stdout
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [r["figure"].split(",")[0] for r in rows] == ["samples/s sync", "samples/s async"]
+    assert all(r["benchmark"] == "bench_ps" and r["ratio"] > 0 for r in rows), rows
