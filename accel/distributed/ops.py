@@ -429,9 +429,9 @@ def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
         else:  # e.g. complex128: copy the bytes out first
             raw = flat.view(torch.uint8).as_strided((world, count * size), (row_bytes, 1), start)
             block = raw.contiguous().view(tensor.dtype)
-        # Always a copy (contiguous() copies: a header lies between two ranks' payloads), never
-        # a view of ``flat``, which a kept receive buffer reuses at the next gather.
-        value = block.contiguous().view((world * shape[0],) + shape[1:])
+        value = block.reshape((world * shape[0],) + shape[1:])
+        if shape[0] == 1:  # the reshape was a view of ``flat``, which a kept receive buffer
+            value = value.contiguous()  # reuses at the next gather: copy (a batch of one, 0-d)
         out.append(value if value.device == tensor.device else value.to(tensor.device))
     return out
 
