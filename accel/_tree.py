@@ -64,6 +64,9 @@ def flatten(
     kind = type(data)
     if (kind is tuple or kind is list) and all(isinstance(x, torch.Tensor) for x in data):
         return list(data), kind
+    if kind is dict and all(isinstance(x, torch.Tensor) for x in data.values()):
+        keys = list(data)
+        return list(data.values()), lambda values: dict(zip(keys, values, strict=True))
     leaves: list[torch.Tensor] = []
 
     def collect(tensor: torch.Tensor) -> _Slot:

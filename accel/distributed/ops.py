@@ -36,7 +36,8 @@ __all__ = ["REDUCTIONS", "CollectiveHook", "Communicator", "CollectiveMismatchEr
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 _ALIGN = 8
-_MIN_CAPACITY = 4096
+#: bytes per rank a small gather sends at least (every byte costs on the wire)
+_MIN_CAPACITY = 1024
 _CACHE_SIZE = 64
 #: send buffers kept for reuse: at most this many, each at most this large (bytes)
 _PLANS = 8
@@ -94,33 +95,36 @@ class _Layout:
 
 class _SendPlan:
     """A gather's send buffer (int64: header, then payload), a typed view per leaf, and (for
-    small gathers) the receive buffer and what every rank's header is when all ranks send the
-    same shapes.
+    small gathers) the receive buffer with its views: every rank's header, and each leaf's
+    block as it arrives when all ranks send the same shapes.
 
     Kept between calls with the same signature and capacity, so that the steady state of a
     small gather costs one copy in and one copy out per leaf, one collective, one header
-    comparison and no allocation: at a few microseconds per tensor op, rebuilding the header
-    and views each time would cost more than the collective itself.
+    comparison and no allocation but the results: at a few microseconds per tensor op,
+    rebuilding the header and views each time would cost more than the collective itself.
     """
 
-    __slots__ = ("capacity", "send", "dests", "fits", "recv", "expected")
+    __slots__ = ("capacity", "send", "dests", "fits", "recv", "expected", "heads", "blocks")
 
     def __init__(self, lay: _Layout, capacity: int, device: torch.device,
                  leaves: list[torch.Tensor], world: int) -> None:
-        header = lay.header
+        header, hlen = lay.header, len(lay.header)
         self.capacity, self.fits = capacity, lay.needed <= capacity
-        self.send = torch.empty(len(header) + capacity // 8, dtype=torch.int64, device=device)
-        self.send[:len(header)].copy_(torch.tensor(header, dtype=torch.int64))
-        self.dests: list[torch.Tensor] = []
+        self.send = torch.empty(hlen + capacity // 8, dtype=torch.int64, device=device)
+        self.send[:hlen].copy_(torch.tensor(header, dtype=torch.int64))
+        self.expected = self.send[:hlen].expand(world, hlen)
         row = self.send.numel()
-        # Results are always copies (a header sits between any two ranks' payloads), so the
-        # receive buffer can be reused; only small ones are kept.
+        # Results are copies (a header sits between any two ranks' payloads; see ``blocks``),
+        # so the receive buffer can be reused; only small ones are kept.
         self.recv = (torch.empty(world * row, dtype=torch.int64, device=device)
                      if world * row * 8 <= _PLAN_BYTES else None)
-        self.expected = self.send[:len(header)].expand(world, len(header))
+        self.heads = (None if self.recv is None
+                      else self.recv.as_strided(self.expected.shape, (row, 1)))
+        self.blocks = _blocks(lay, leaves, self.recv, world, row * 8) if self.fits else None
+        self.dests: list[torch.Tensor] = []
         if not self.fits:  # this rank overflows: its payload goes in the second round
             return
-        payload = self.send.view(torch.uint8)[len(header) * 8:]
+        payload = self.send.view(torch.uint8)[hlen * 8:]
         for tensor, shape, offset in zip(leaves, lay.shapes, lay.offsets, strict=True):
             nbytes = math.prod(shape) * tensor.element_size()
             dest = payload[offset: offset + nbytes]
@@ -146,8 +150,44 @@ class _SendPlan:
         """Whether every rank sent this rank's header (same shapes; nobody overflowed)."""
         if not self.fits:
             return False
-        heads = flat.as_strided(self.expected.shape, (self.send.numel(), 1))
+        heads = self.heads
+        if heads is None or flat is not self.recv:
+            heads = flat.as_strided(self.expected.shape, (self.send.numel(), 1))
         return bool(torch.equal(heads, self.expected))
+
+    def results(self) -> list[torch.Tensor]:
+        """The leaves from the kept receive buffer after a uniform gather, each a new tensor."""
+        assert self.blocks is not None
+        out = []
+        for block, shape, copy, device in self.blocks:
+            value = block.reshape(shape)  # a copy: a header lies between the ranks' rows...
+            if device is not None:
+                value = value.to(device)
+            elif copy:  # ... but a view when each rank sent one row (a batch of one, 0-d)
+                value = value.contiguous()
+            out.append(value)
+        return out
+
+
+#: a leaf's rows in the kept receive buffer: the (world, count) view, the result's shape,
+#: whether reshaping it gives a view (which must be copied), and the leaf's device if other
+_Block = tuple[torch.Tensor, tuple[int, ...], bool, "torch.device | None"]
+
+
+def _blocks(lay: _Layout, leaves: list[torch.Tensor], recv: torch.Tensor | None, world: int,
+            row_bytes: int) -> list[_Block] | None:
+    if recv is None or any(t.element_size() > _ALIGN for t in leaves):
+        return None  # unpacked from each call's buffer (complex128: byte copies first)
+    base = len(lay.header) * 8
+    blocks: list[_Block] = []
+    for tensor, shape, offset in zip(leaves, lay.shapes, lay.offsets, strict=True):
+        size = tensor.element_size()
+        typed = recv if recv.dtype == tensor.dtype else recv.view(tensor.dtype)
+        view = typed.as_strided((world, math.prod(shape)), (row_bytes // size, 1),
+                                (base + offset) // size)
+        device = None if tensor.device == recv.device else tensor.device
+        blocks.append((view, (world * shape[0],) + shape[1:], shape[0] == 1, device))
+    return blocks
 
 
 class Communicator:
@@ -217,7 +257,7 @@ class Communicator:
 
     def _gather_leaves(self, leaves: list[torch.Tensor], group: Any = None) -> list[torch.Tensor]:
         scope = None if group is None else tuple(dist.get_process_group_ranks(group))
-        signature = (scope, *[(t.shape, t.dtype) for t in leaves])
+        signature = (scope, *[(t.shape, t.dtype, t.device) for t in leaves])
         lay = self._layouts.get(signature)
         if lay is None:
             lay = self._layouts[signature] = _Layout(leaves, scope)
@@ -231,6 +271,8 @@ class Communicator:
         row_bytes, base = plan.send.numel() * 8, len(lay.header) * 8
         if plan.uniform(flat):  # the steady state: every rank sent these shapes
             self._remember(lay.key, capacity, lay.needed, lay.wanted)
+            if flat is plan.recv and plan.blocks is not None:
+                return plan.results()
             return _unpack_uniform(leaves, lay.shapes, lay.offsets, flat, world, row_bytes, base)
         headers = flat.as_strided((world, len(lay.header)), (row_bytes // 8, 1)).tolist()
         largest = max(h[0] for h in headers)
