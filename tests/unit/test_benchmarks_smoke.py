@@ -46,6 +46,7 @@ def _check_records(script: str, results: Path) -> None:
 @pytest.mark.parametrize("script, title", [
     ("bench_step.py", "Wall time per training step"),
     ("bench_gather.py", "Wall time per gather"),
+    ("bench_eval.py", "Wall time per evaluation batch"),
     ("bench_import.py", "Fresh-interpreter wall time"),
     ("bench_launch.py", "Launch of 2 CPU processes"),
     ("bench_horovod.py", "hvd.DistributedOptimizer / DDP"),
