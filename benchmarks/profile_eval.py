@@ -46,6 +46,7 @@ PARTS = (
     ("      collective (_SendPlan.receive)", "accel/distributed/ops.py", "receive"),
     ("      header check (_SendPlan.uniform)", "accel/distributed/ops.py", "uniform"),
     ("      unpack (_unpack_uniform)", "accel/distributed/ops.py", "_unpack_uniform"),
+    ("      unpack (_SendPlan.results)", "accel/distributed/ops.py", "results"),
     ("      unpack (_unpack, uneven)", "accel/distributed/ops.py", "_unpack"),
     ("    rebuild", "accel/_tree.py", "rebuild"),
     ("torch: dist.all_gather", "torch/distributed/distributed_c10d.py", "all_gather"),
