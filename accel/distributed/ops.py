@@ -4,9 +4,12 @@
 backend. In the steady state it costs one ``all_gather``: each rank sends a small shape header
 together with its payload, padded to a capacity that every rank derives identically from the
 previous call's headers; only when some header says a rank overflowed does a second round run
-(every rank sees every header, so all ranks decide the same way). Small gathers keep their send
-buffer (header already written, a typed view per leaf) while shapes stay the same, so the steady
-state costs about as many tensor operations as a hand-written ``all_gather`` + ``cat``.
+(every rank sees every header, so all ranks decide the same way). What a gather derives from its
+leaves' shapes and dtypes is computed once per signature, and small gathers keep their send and
+receive buffers with every view into them, so a call whose shapes every rank sent last time
+costs one copy in and one out per leaf, one header comparison and the collective: no more tensor
+operations than a hand-written ``all_gather`` + ``cat`` of one tensor, and one collective for
+any number of tensors.
 
 At world size 1 every collective returns at once without touching torch.distributed.
 
