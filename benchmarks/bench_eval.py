@@ -28,6 +28,11 @@ element; the plain loop's results are equal to it only after reordering (its bat
 interleave the ranks' strided samples), and with 2 processes its truncation happens to drop
 exactly its one padded sample.
 
+Records (``_common.record``, benchmark ``bench_eval``): one figure per case and clock ("<case>
+(wall)", "<case> (cpu)"), seconds per batch, accel against torch (and accelerate), target 1.05.
+The exit status is 1 when accel's results are not exact. ``profile_eval.py`` shows where the
+time of these loops goes.
+
 Run:  python benchmarks/bench_eval.py [--repeats 9] [--quick] [--no-accelerate]
 """
 
