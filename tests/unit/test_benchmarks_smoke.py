@@ -18,7 +18,8 @@ BENCH = ROOT / "benchmarks"
 #: figure printed with a target goes to $ACCEL_BENCH_RESULTS too, with its samples
 RECORDED = {"bench_step.py": (2, 4), "bench_import.py": (2, 3), "bench_launch.py": (1, 1),
             "bench_horovod.py": (4, 4), "bench_horovod_elastic.py": (1, 1),
-            "bench_big_model.py": (1, 2), "bench_fsdp.py": (8, 8), "bench_gpu.py": (1, 3)}
+            "bench_big_model.py": (1, 2), "bench_fsdp.py": (8, 8), "bench_gpu.py": (1, 3),
+            "bench_eval.py": (10, 10)}
 
 
 def _run(*args: str, timeout: float = 300, results: Path | None = None
@@ -46,6 +47,7 @@ def _check_records(script: str, results: Path) -> None:
 @pytest.mark.parametrize("script, title", [
     ("bench_step.py", "Wall time per training step"),
     ("bench_gather.py", "Wall time per gather"),
+    ("bench_eval.py", "Wall time per evaluation batch"),
     ("bench_import.py", "Fresh-interpreter wall time"),
     ("bench_launch.py", "Launch of 2 CPU processes"),
     ("bench_horovod.py", "hvd.DistributedOptimizer / DDP"),
