@@ -23,10 +23,11 @@ python="${PYTHON:-python}"
 # The benchmarks, in the order they run. Columns (separated by "|"): the script; its options
 # for a full run; its options with --quick; "cuda" if it needs a GPU. {flags} stands for
 # run_all.sh's own pass-through flags (--no-accelerate), for scripts that take them. The
-# minutes estimate a full run on an idle 2-core machine (about 10 min in all on the CPU).
+# minutes estimate a full run on an idle 2-core machine (about 17 min in all on the CPU).
 BENCHMARKS='
 bench_step.py               | {flags}  | --quick {flags}        |       # ~1 min
 bench_gather.py             | {flags}  | --quick {flags}        |       # ~0.5 min
+bench_eval.py               | {flags}  | --quick {flags}        |       # ~1 min
 bench_fsdp.py               | {flags}  | --quick {flags}        |       # ~1.5 min
 bench_import.py             | {flags}  | --quick {flags}        |       # ~1.5 min
 bench_launch.py             | {flags}  | --quick {flags}        |       # ~1.5 min
@@ -35,6 +36,9 @@ bench_sharded_checkpoint.py |          | --layers 2 --repeats 2 |       # ~1 min
 bench_horovod.py            | {flags}  | --quick {flags}        |       # ~0.5 min
 bench_horovod_elastic.py    | {flags}  | --quick {flags}        |       # ~1 min
 bench_big_model.py          | {flags}  | --quick {flags}        |       # ~0.5 min
+bench_ps.py                 | {flags}  | --quick {flags}        |       # ~1 min
+chaos_drill.py              | --kills 10 --seed 1 | --quick        |       # ~2.5 min
+soak.py                     | --steps 2000 | --quick             |       # ~2 min
 bench_gpu.py                | {flags}  | --quick {flags}        | cuda  # ~3 min on a GPU
 '
 
