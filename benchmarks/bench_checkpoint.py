@@ -148,8 +148,9 @@ def _report(contenders: dict[str, _Contender], nbytes: int, quick: bool) -> None
     print(f"{'contender':<28}{'save s: min / median / max':>30}{'cpu s':>7}"
           f"{'load s: min / median / max':>30}{'cpu s':>7}")
     for c in contenders.values():
+        load_cpu = median(c.cpu["load"])
         print(f"{c.name:<28}{_cell(c.wall['save']):>30}{median(c.cpu['save']):>7.3f}"
-              f"{_cell(c.wall['load']):>30}{median(c.cpu['load']) if c.load else float('nan'):>7.3f}")
+              f"{_cell(c.wall['load']):>30}{load_cpu:>7.3f}")
     base_save = contenders["torch.save+fsync"].wall["save"]
     base_load = contenders["torch.save+fsync"].wall["load"]
     theirs = contenders.get("Accelerate save_state")
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
                 c.run(work / f"{c.name.replace(' ', '_')}_{index}", keep=index > 0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"Checkpoint save/load of {nbytes / 1e6:.0f} MB ({layers * (WIDTH * WIDTH + WIDTH) / 1e6:.1f}M "
+    params = layers * (WIDTH * WIDTH + WIDTH)
+    print(f"Checkpoint save/load of {nbytes / 1e6:.0f} MB ({params / 1e6:.1f}M "
           f"parameters + AdamW state), single process, {args.repeats} alternated repeats, "
           f"dir {args.dir or tempfile.gettempdir()}")
     print(f"{machine_line()} (load average before: {load_before:.1f})")

@@ -2,6 +2,13 @@
 
 Everything goes through unbuffered raw files in large chunks so that data is copied once
 between the kernel and the tensor memory, and the sha256 is computed on cache-hot chunks.
+
+Files are hashed in pieces (:data:`PIECE` bytes each, the last one shorter): a record's digest
+is the sha256 of the concatenated sha256 digests of its pieces, recorded with ``piece_size``.
+The pieces of a file are written or read *and* hashed by a shared pool of threads at once
+(positional I/O; hashlib and file I/O release the GIL), so one large file uses every core.
+Records without ``piece_size`` (checkpoints written by accel before 0.x, manifest format 1)
+hold the sha256 of the whole file and are still verified, in one sequential pass.
 """
 
 from __future__ import annotations
@@ -13,35 +20,104 @@ import os
 import queue
 import secrets
 import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["CHUNK", "Buffer", "FileRecord", "HashingWriter", "alloc_buffer", "fsync_dir",
-           "fsync_file", "hash_file", "hash_open", "new_token", "read_hashed"]
+__all__ = ["CHUNK", "PIECE", "Buffer", "FileRecord", "HashingWriter", "alloc_buffer",
+           "digest_bytes", "fsync_dir", "fsync_file", "hash_file", "hash_open", "new_token",
+           "read_hashed"]
 
 CHUNK = 4 << 20  # raw read/write size
+PIECE = 4 << 20  # bytes per independently hashed piece (a record's ``piece_size``)
 Buffer = bytearray | mmap.mmap
 _THREAD_MIN = 1 << 20  # below this, hash inline: a thread costs more than it saves
+_MAX_WORKERS = 8
+_RING_PIECE_MAX = 16 << 20  # larger pieces are hashed in one thread, in constant memory
 
 
 @dataclass(frozen=True)
 class FileRecord:
-    """Size in bytes and sha256 hex digest of one file, as listed in a manifest."""
+    """Size in bytes and sha256 hex digest of one file, as listed in a manifest.
+
+    ``piece_size`` > 0: ``sha256`` is the sha256 of the concatenated sha256 digests of the
+    file's consecutive ``piece_size``-byte pieces (see :func:`digest_bytes`); 0: the sha256 of
+    the whole file (format 1 manifests).
+    """
 
     size: int
     sha256: str
+    piece_size: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "sha256": self.sha256}
+        out: dict[str, Any] = {"size": self.size, "sha256": self.sha256}
+        if self.piece_size:
+            out["piece_size"] = self.piece_size
+        return out
 
     @classmethod
     def from_json(cls, value: Any) -> FileRecord:
+        piece = value.get("piece_size", 0) if isinstance(value, dict) else None
         if (not isinstance(value, dict) or not isinstance(value.get("size"), int)
-                or isinstance(value.get("size"), bool) or not isinstance(value.get("sha256"), str)):
-            raise ValueError(f"expected {{'size': int, 'sha256': str}}, found {value!r}")
-        return cls(size=value["size"], sha256=value["sha256"])
+                or isinstance(value.get("size"), bool) or not isinstance(value.get("sha256"), str)
+                or not isinstance(piece, int) or isinstance(piece, bool) or piece < 0):
+            raise ValueError(f"expected {{'size': int, 'sha256': str[, 'piece_size': int]}}, "
+                             f"found {value!r}")
+        return cls(size=value["size"], sha256=value["sha256"], piece_size=piece)
+
+
+def digest_bytes(data: bytes | bytearray | memoryview, piece_size: int = PIECE) -> str:
+    """The digest a :class:`FileRecord` with ``piece_size`` lists for a file holding ``data``.
+
+    Example:
+        >>> import hashlib
+        >>> digest_bytes(b"abc", 0) == hashlib.sha256(b"abc").hexdigest()
+        True
+        >>> digest_bytes(b"abc", 2) == hashlib.sha256(hashlib.sha256(b"ab").digest()
+        ...                                           + hashlib.sha256(b"c").digest()).hexdigest()
+        True
+    """
+    view = memoryview(data).cast("B")
+    if not piece_size:
+        return hashlib.sha256(view).hexdigest()
+    return _combine([hashlib.sha256(view[i:i + piece_size]).digest()
+                     for i in range(0, len(view), piece_size)])
+
+
+def _combine(digests: Sequence[bytes]) -> str:
+    return hashlib.sha256(b"".join(digests)).hexdigest()
+
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _workers() -> int:
+    return max(2, min(_MAX_WORKERS, os.cpu_count() or 2))
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    """The process's piece I/O and hashing threads (created on first use, again after a fork:
+    a child inherits no threads)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="accel-ckpt-io")
+        return _pool
+
+
+def _forget_pool() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def new_token() -> str:
@@ -109,45 +185,110 @@ class _Hasher:
         return self._sha.hexdigest()
 
 
-class _NoHasher(_Hasher):
-    def update(self, view: memoryview) -> None:
-        pass
+def _pwrite_all(fd: int, parts: list[memoryview], offset: int) -> None:
+    """Write ``parts`` back to back at ``offset`` (positional: threads write pieces at once)."""
+    parts = [p for p in parts if len(p)]
+    while parts:
+        batch = parts[:512]  # under IOV_MAX
+        written = os.pwritev(fd, batch, offset)
+        if written <= 0:
+            raise OSError(f"writing {sum(map(len, batch))} bytes at offset {offset} wrote "
+                          "nothing (disk full?)")
+        offset += written
+        while parts and written >= len(parts[0]):
+            written -= len(parts[0])
+            parts = parts[1:]
+        if written:
+            parts[0] = parts[0][written:]
 
-    def hexdigest(self) -> str:
-        return ""
+
+def _write_piece(fd: int, parts: list[memoryview], offset: int, hashing: bool) -> bytes:
+    """Hash one piece (its parts, in order) and write it at ``offset``; its sha256 digest."""
+    digest = b""
+    if hashing:
+        sha = hashlib.sha256()
+        for part in parts:
+            sha.update(part)
+        digest = sha.digest()
+    _pwrite_all(fd, parts, offset)
+    return digest
+
+
+def _read_piece(fd: int, view: memoryview, offset: int, hashing: bool, path: str) -> bytes:
+    """Fill ``view`` with the file's bytes from ``offset`` on; the sha256 digest of them."""
+    pos = 0
+    while pos < len(view):
+        got = os.preadv(fd, [view[pos:]], offset + pos)
+        if not got:
+            raise OSError(f"{path} shrank while being read ({offset + pos} bytes found)")
+        pos += got
+    return hashlib.sha256(view).digest() if hashing else b""
+
+
+def _results(jobs: Sequence[Future[bytes] | bytes]) -> list[bytes]:
+    """Every job's digest, in order; waits for all of them before raising the first failure
+    (no thread may still use a buffer once the caller moves on)."""
+    futures = [job for job in jobs if isinstance(job, Future)]
+    wait_futures(futures)
+    return [job.result() if isinstance(job, Future) else job for job in jobs]
 
 
 class HashingWriter:
     """Write a new file (never overwrites), hashing every byte unless ``hashing=False``.
 
-    ``close()`` fsyncs the file and returns its record.
+    Data is cut into pieces of ``piece_size`` bytes (default :data:`PIECE`); each full piece is hashed and written at
+    its offset by the shared pool of threads, so :meth:`write` returns at once and the pieces
+    of a large file are hashed and written on every core. ``close()`` waits for them, fsyncs
+    the file and returns its record.
 
     Used as a context manager, a failure inside the block removes the partial file.
     """
 
-    def __init__(self, path: str | Path, *, hashing: bool = True) -> None:
+    def __init__(self, path: str | Path, *, hashing: bool = True, piece_size: int | None = None
+                 ) -> None:
+        piece_size = PIECE if piece_size is None else piece_size
+        if piece_size <= 0:
+            raise ValueError(f"piece_size must be a positive number of bytes, got {piece_size}")
         self.path = Path(path)
         self._fh = open(self.path, "xb", buffering=0)  # noqa: SIM115 - closed in close()/__exit__
-        self._hasher = _Hasher() if hashing else _NoHasher()
+        self._hashing, self._piece = hashing, piece_size
+        self._parts: list[memoryview] = []
+        self._filled = 0  # bytes in self._parts
+        self._jobs: list[Future[bytes] | bytes] = []
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Write all of ``data`` (kept alive and unchanged by the caller until :meth:`close`)."""
+        """Queue all of ``data`` (kept alive and unchanged by the caller until :meth:`close`)."""
         view = memoryview(data).cast("B")
-        self._hasher.update(view)
-        for start in range(0, len(view), CHUNK):
-            chunk = view[start:start + CHUNK]
-            while chunk:  # raw writes may be partial
-                written = self._fh.write(chunk)
-                chunk = chunk[written or 0:]
-        self.size += len(view)
+        while len(view):
+            take = min(len(view), self._piece - self._filled)
+            self._parts.append(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self._piece:
+                self._flush(inline=False)
+
+    def _flush(self, inline: bool) -> None:
+        parts, offset = self._parts, self.size
+        self.size += self._filled
+        self._parts, self._filled = [], 0
+        args = (self._fh.fileno(), parts, offset, self._hashing)
+        # a small file, or the tail of one, is written here: a thread costs more than it saves
+        self._jobs.append(_write_piece(*args) if inline else
+                          _shared_pool().submit(_write_piece, *args))
 
     def close(self) -> FileRecord:
-        """Flush to disk and return the file's record."""
-        os.fsync(self._fh.fileno())  # first: the disk flush overlaps with the hash thread
-        digest = self._hasher.hexdigest()
+        """Wait for every piece, flush the file to disk and return its record."""
+        try:
+            if self._parts or not self._jobs:
+                self._flush(inline=True)
+        finally:
+            digests = _results(self._jobs)
+        os.fsync(self._fh.fileno())
         self._fh.close()
-        return FileRecord(self.size, digest)
+        if not self._hashing:
+            return FileRecord(self.size, "")
+        return FileRecord(self.size, _combine(digests if self.size else []), self._piece)
 
     def __enter__(self) -> HashingWriter:
         return self
@@ -155,7 +296,7 @@ class HashingWriter:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is not None:
-            self._hasher.stop()
+            wait_futures([job for job in self._jobs if isinstance(job, Future)])
             self._fh.close()
             self.path.unlink(missing_ok=True)
         elif not self._fh.closed:
@@ -174,47 +315,118 @@ def alloc_buffer(size: int) -> Buffer:
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
 
 
-def read_hashed(path: str | Path, *, hashing: bool = True) -> tuple[Buffer, str]:
-    """Read a whole file into a fresh buffer and return it with its sha256 hex digest.
+def read_hashed(path: str | Path, *, hashing: bool = True, piece_size: int | None = None
+                ) -> tuple[Buffer, str]:
+    """Read a whole file into a fresh buffer and return it with its digest (see
+    :class:`FileRecord`: ``piece_size`` 0 is the sha256 of the whole file).
 
     The file is copied into memory (not mapped): a file changed or truncated later cannot change
-    or crash what was loaded. Hashing runs on a helper thread while the next chunk is read.
+    or crash what was loaded. Pieces are read and hashed by the shared pool of threads at once
+    (each piece hashed right after it was read, while it is in the CPU cache); ``piece_size`` 0
+    reads sequentially and hashes on one helper thread.
 
     Raises:
         OSError: the file cannot be opened or read (callers turn this into a CheckpointError).
     """
-    hasher = _Hasher() if hashing else _NoHasher()
+    piece_size = PIECE if piece_size is None else piece_size
+    with open(path, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        buf = alloc_buffer(size)
+        if hashing and not piece_size:
+            return buf, _read_whole(fh, buf, str(path))
+        view = memoryview(buf)
+        step = piece_size or CHUNK
+        args = [(fh.fileno(), view[i:i + step], i, hashing, str(path))
+                for i in range(0, size, step)]
+        if len(args) <= 1:
+            jobs: list[Future[bytes] | bytes] = [_read_piece(*a) for a in args]
+        else:
+            pool = _shared_pool()
+            jobs = [pool.submit(_read_piece, *a) for a in args]
+        digests = _results(jobs)
+    return buf, _combine(digests) if hashing else ""
+
+
+def _read_whole(fh: io.RawIOBase, buf: Buffer, path: str) -> str:
+    """Sequential read of the whole file into ``buf``; the sha256 of the whole file."""
+    hasher = _Hasher()
+    view = memoryview(buf)
     try:
-        with open(path, "rb", buffering=0) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            buf = alloc_buffer(size)
-            view = memoryview(buf)
-            pos = 0
-            while pos < size:
-                got = fh.readinto(view[pos:pos + CHUNK])
-                if not got:
-                    raise OSError(f"{path} shrank while being read ({pos} of {size} bytes)")
-                hasher.update(view[pos:pos + got])
-                pos += got
+        pos = 0
+        while pos < len(buf):
+            got = fh.readinto(view[pos:pos + CHUNK])
+            if not got:
+                raise OSError(f"{path} shrank while being read ({pos} of {len(buf)} bytes)")
+            hasher.update(view[pos:pos + got])
+            pos += got
     finally:
         hasher.stop()
-    return buf, hasher.hexdigest()
+    return hasher.hexdigest()
 
 
-def hash_file(path: str | Path) -> FileRecord:
-    """Size and sha256 of a file on disk, read in chunks (constant memory)."""
+def hash_file(path: str | Path, piece_size: int | None = None) -> FileRecord:
+    """Size and digest of a file on disk (see :class:`FileRecord`), in constant memory."""
     with open(path, "rb", buffering=0) as fh:
-        return hash_open(fh)
+        return hash_open(fh, piece_size)
 
 
-def hash_open(fh: io.RawIOBase) -> FileRecord:
-    """Size and sha256 of an open file from its current position on, read in chunks into one
-    reused buffer (constant memory, no page faults on fresh memory)."""
-    sha = hashlib.sha256()
+def hash_open(fh: io.RawIOBase, piece_size: int | None = None) -> FileRecord:
+    """Size and digest of an open file from its current position on (see :class:`FileRecord`).
+
+    Read in pieces into a few reused buffers (constant memory, no page faults on fresh memory);
+    the pool hashes the pieces while the next ones are read. ``piece_size`` 0: the sha256 of
+    the whole bytes, in one pass.
+    """
+    piece_size = PIECE if piece_size is None else piece_size
+    if not piece_size or piece_size > _RING_PIECE_MAX:
+        return _hash_sequential(fh, piece_size)
+    pool = _shared_pool()
+    ring = [bytearray(piece_size) for _ in range(_workers() + 1)]
+    pending: deque[Future[bytes]] = deque()
+    digests: list[bytes] = []
+    size = 0
+    try:
+        for index in range(1 << 62):
+            if len(pending) == len(ring):  # the oldest piece's buffer is reused next
+                digests.append(pending.popleft().result())
+            view = memoryview(ring[index % len(ring)])
+            got = _fill(fh, view)
+            if got:
+                pending.append(pool.submit(_digest, view[:got]))
+                size += got
+            if got < piece_size:
+                break
+    finally:
+        wait_futures(pending)
+    digests.extend(job.result() for job in pending)
+    return FileRecord(size, _combine(digests), piece_size)
+
+
+def _hash_sequential(fh: io.RawIOBase, piece_size: int) -> FileRecord:
+    """:func:`hash_open` in one thread, for whole-file records and very large pieces."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    size = 0
-    while got := fh.readinto(view):
+    sha, digests, size, in_piece = hashlib.sha256(), [], 0, 0
+    while got := fh.readinto(view[:min(CHUNK, piece_size - in_piece) if piece_size else CHUNK]):
         sha.update(view[:got])
         size += got
-    return FileRecord(size, sha.hexdigest())
+        in_piece += got
+        if piece_size and in_piece == piece_size:
+            digests.append(sha.digest())
+            sha, in_piece = hashlib.sha256(), 0
+    if not piece_size:
+        return FileRecord(size, sha.hexdigest())
+    if in_piece:
+        digests.append(sha.digest())
+    return FileRecord(size, _combine(digests), piece_size)
+
+
+def _fill(fh: io.RawIOBase, view: memoryview) -> int:
+    pos = 0
+    while pos < len(view) and (got := fh.readinto(view[pos:])):
+        pos += got
+    return pos
+
+
+def _digest(view: memoryview) -> bytes:
+    return hashlib.sha256(view).digest()

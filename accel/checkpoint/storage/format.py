@@ -47,7 +47,7 @@ __all__ = ["FORMAT_VERSION", "MANIFEST", "STATE_FORMAT", "CheckpointWriter", "Fi
            "write_json", "write_state", "write_tensors"]
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files hashed in pieces (FileRecord.piece_size); 1 still loads
 STATE_FORMAT = "accel.state"
 TEMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
