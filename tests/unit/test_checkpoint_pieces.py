@@ -12,9 +12,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel.checkpoint import (MANIFEST, CheckpointError, CheckpointReader, CheckpointWriter,
-                              FileRecord, finalize, is_complete, load_component, load_json,
-                              load_tensors, read_manifest, read_state, temp_dir_for, verify)
+from accel.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointReader,
+    CheckpointWriter,
+    FileRecord,
+    finalize,
+    is_complete,
+    load_component,
+    load_json,
+    load_tensors,
+    read_manifest,
+    read_state,
+    temp_dir_for,
+    verify,
+)
 from accel.checkpoint.storage import _fill, _io, _st, reader
 
 DATA = Path(__file__).parent / "data" / "checkpoint_format1" / "checkpoint_0"

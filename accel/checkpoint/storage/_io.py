@@ -236,10 +236,10 @@ def _results(jobs: Sequence[Future[bytes] | bytes]) -> list[bytes]:
 class HashingWriter:
     """Write a new file (never overwrites), hashing every byte unless ``hashing=False``.
 
-    Data is cut into pieces of ``piece_size`` bytes (default :data:`PIECE`); each full piece is hashed and written at
-    its offset by the shared pool of threads, so :meth:`write` returns at once and the pieces
-    of a large file are hashed and written on every core. ``close()`` waits for them, fsyncs
-    the file and returns its record.
+    Data is cut into pieces of ``piece_size`` bytes (default :data:`PIECE`); each full piece
+    is hashed and written at its offset by the shared pool of threads, so :meth:`write`
+    returns at once and the pieces of a large file are hashed and written on every core.
+    ``close()`` waits for them, fsyncs the file and returns its record.
 
     Used as a context manager, a failure inside the block removes the partial file.
     """
