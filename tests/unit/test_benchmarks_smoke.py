@@ -80,3 +80,27 @@ def test_common_table_and_interleave() -> None:
                                  ratio_of=["accel"])
     assert table.splitlines()[1].split() == ["case", "torch", "accel", "accel", "/", "torch"]
     assert table.splitlines()[2].split() == ["x", "2.00", "ms", "3.00", "ms", "1.50"]
+
+
+@pytest.mark.slow
+def test_checkpoint_benchmark_runs_and_records_its_targets(tmp_path: Path) -> None:
+    import json
+    import os
+
+    results = tmp_path / "results.jsonl"
+    done = subprocess.run([sys.executable, str(BENCH / "bench_checkpoint.py"), "--quick",
+                           "--no-accelerate", "--dir", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ACCEL_BENCH_RESULTS": str(results)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "Checkpoint save/load of" in out and "target <= 1.00" in out, out
+    for contender in ("torch.save+fsync", "accel storage", "accel save_state", "sha256"):
+        assert contender in out, out
+    assert "page cache" in out and "accelerate" not in out.lower().replace(
+        "accel ", ""), out  # --no-accelerate: no Accelerate column or figure
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert {r["benchmark"] for r in records} == {"bench_checkpoint"}
+    assert len(records) == 4 and all(r["target"] == 1.0 and r["accel"]["n"] == 2
+                                     and r["accelerate"] is None for r in records), records
+    assert list(tmp_path.iterdir()) == [results]  # the checkpoints it wrote are removed

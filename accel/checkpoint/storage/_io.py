@@ -381,7 +381,7 @@ def hash_open(fh: io.RawIOBase, piece_size: int | None = None) -> FileRecord:
     if not piece_size or piece_size > _RING_PIECE_MAX:
         return _hash_sequential(fh, piece_size)
     pool = _shared_pool()
-    ring = [bytearray(piece_size) for _ in range(_workers() + 1)]
+    ring = [bytearray(piece_size) for _ in range(min(_workers() + 1, 4))]
     pending: deque[Future[bytes]] = deque()
     digests: list[bytes] = []
     size = 0
