@@ -1,7 +1,11 @@
 """Read a checkpoint directory: manifest, completeness, verification and verified components.
 
-Every component is read once into memory while its sha256 is computed, compared with the
-manifest, and only then parsed with safetensors or JSON rules. Nothing here unpickles.
+Every component is read once into memory while its digest is computed, compared with the
+manifest, and only then handed out. Safetensors files are read straight into each tensor's own
+memory (their header is parsed first, to know where the bytes go: :mod:`._fill`), JSON files
+into one buffer that is parsed after the check; both read and hash the file's pieces on a pool
+of threads. Checkpoints whose manifest lists whole-file sha256s (format 1) load too. Nothing
+here unpickles.
 
 Example:
     >>> import tempfile, torch
@@ -198,8 +202,8 @@ def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> 
 class CheckpointReader:
     """Verified reads from one checkpoint; files named in ``prefetch`` are read in parallel.
 
-    Each file is read once into memory while its sha256 is computed, checked against the
-    manifest, then parsed. ``prefetch`` lists relpaths or state stems (``"optimizer"`` means
+    Each file is read once into memory while its digest is computed and checked against the
+    manifest before anything read from it is returned. ``prefetch`` lists relpaths or state stems (``"optimizer"`` means
     ``optimizer.json`` and ``optimizer.safetensors``) to start reading on ``workers`` threads
     now; names the manifest lacks are skipped here and raise when accessed.
 
