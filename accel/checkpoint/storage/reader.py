@@ -203,9 +203,10 @@ class CheckpointReader:
     """Verified reads from one checkpoint; files named in ``prefetch`` are read in parallel.
 
     Each file is read once into memory while its digest is computed and checked against the
-    manifest before anything read from it is returned. ``prefetch`` lists relpaths or state stems (``"optimizer"`` means
-    ``optimizer.json`` and ``optimizer.safetensors``) to start reading on ``workers`` threads
-    now; names the manifest lacks are skipped here and raise when accessed.
+    manifest before anything read from it is returned. ``prefetch`` lists relpaths or state
+    stems (``"optimizer"`` means ``optimizer.json`` and ``optimizer.safetensors``) to start
+    reading on ``workers`` threads now; names the manifest lacks are skipped here and raise
+    when accessed.
 
     Example:
         >>> import tempfile, torch
