@@ -255,6 +255,7 @@ class HashingWriter:
         self._parts: list[memoryview] = []
         self._filled = 0  # bytes in self._parts
         self._jobs: list[Future[bytes] | bytes] = []
+        self._settled = 0  # self._jobs[:_settled] are finished
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -276,6 +277,13 @@ class HashingWriter:
         # a small file, or the tail of one, is written here: a thread costs more than it saves
         self._jobs.append(_write_piece(*args) if inline else
                           _shared_pool().submit(_write_piece, *args))
+        # at most a few pieces in flight: memory held for them (e.g. host copies of device
+        # tensors) stays bounded; a failure is raised by close()
+        while len(self._jobs) - self._settled > 2 * _workers():
+            job = self._jobs[self._settled]
+            if isinstance(job, Future):
+                wait_futures([job])
+            self._settled += 1
 
     def close(self) -> FileRecord:
         """Wait for every piece, flush the file to disk and return its record."""
