@@ -239,48 +239,25 @@ def test_header_parsing_helpers_validate_entries() -> None:
                         "f") == (torch.float16, [2, 2], 8, 16)
 
 
-def test_writer_bounds_pieces_in_flight_and_raises_a_failed_piece(
+def test_a_hashing_failure_fails_the_write_and_removes_the_file(
         tmp_path: Path, small_pieces: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-    import time
-    from concurrent.futures import Future, ThreadPoolExecutor
+    real = _io._Hasher._consume
 
-    state = {"queued": 0, "most": 0}
-    lock = threading.Lock()
-    pool = ThreadPoolExecutor(1)
+    def failing(self: _io._Hasher, view: memoryview) -> None:
+        if len(self._digests) == 13:
+            raise MemoryError("simulated")
+        real(self, view)
 
-    class CountingPool:
-        def submit(self, fn: object, *args: object) -> Future[bytes]:
-            with lock:
-                state["queued"] += 1
-                state["most"] = max(state["most"], state["queued"])
-            future = pool.submit(fn, *args)  # type: ignore[arg-type]
-            future.add_done_callback(lambda _f: state.__setitem__("queued",
-                                                                  state["queued"] - 1))
-            return future
-
-    real = _io._write_piece
-
-    def slow(fd: int, parts: list[memoryview], offset: int, hashing: bool) -> bytes:
-        time.sleep(0.002)
-        if offset == 13000 and "fail" in state:
-            raise OSError("disk full (simulated)")
-        return real(fd, parts, offset, hashing)
-
-    monkeypatch.setattr(_io, "_write_piece", slow)
-    monkeypatch.setattr(_io, "_shared_pool", CountingPool)
-    monkeypatch.setattr(_io, "_workers", lambda: 1)
+    monkeypatch.setattr(_io, "_THREAD_MIN", 100)  # the helper thread hashes
     data = bytes(range(256)) * 100  # 26 pieces
     with _io.HashingWriter(tmp_path / "a") as out:
-        out.write(data)  # would queue 25 pieces at once without the bound
-        record = out.close()
-    assert record == FileRecord(len(data), _reference(data, 1000), 1000)
-    assert (tmp_path / "a").read_bytes() == data
-    assert state["most"] == 3  # 2 x workers in flight, plus the one just queued
-    state["fail"] = 1
-    with pytest.raises(OSError, match="simulated"):
+        for start in range(0, len(data), 700):
+            out.write(data[start:start + 700])
+        assert out.close() == FileRecord(len(data), _reference(data, 1000), 1000)
+    monkeypatch.setattr(_io._Hasher, "_consume", failing)
+    with pytest.raises(RuntimeError, match="hashing failed.*simulated"):
         with _io.HashingWriter(tmp_path / "b") as out:
-            out.write(data)
+            for start in range(0, len(data), 700):
+                out.write(data[start:start + 700])
             out.close()
     assert not (tmp_path / "b").exists()  # the partial file is removed
-    pool.shutdown()

@@ -5,10 +5,11 @@ between the kernel and the tensor memory, and the sha256 is computed on cache-ho
 
 Files are hashed in pieces (:data:`PIECE` bytes each, the last one shorter): a record's digest
 is the sha256 of the concatenated sha256 digests of its pieces, recorded with ``piece_size``.
-The pieces of a file are written or read *and* hashed by a shared pool of threads at once
-(positional I/O; hashlib and file I/O release the GIL), so one large file uses every core.
-Records without ``piece_size`` (checkpoints written by accel before 0.x, manifest format 1)
-hold the sha256 of the whole file and are still verified, in one sequential pass.
+When a file is read, its pieces are read *and* hashed by a shared pool of threads at once
+(positional reads; hashlib and file I/O release the GIL), so loading one large file uses every
+core; when it is written, a helper thread hashes it while the caller writes.
+Records without ``piece_size`` (checkpoints written by earlier accel versions, manifest format
+1) hold the sha256 of the whole file and are still verified, in one sequential pass.
 """
 
 from __future__ import annotations
@@ -143,14 +144,18 @@ def fsync_file(path: str | Path) -> None:
 
 
 class _Hasher:
-    """sha256 of a sequence of buffers; large ones are hashed on a helper thread.
+    """The digest (see :class:`FileRecord`) of a sequence of buffers; once one is large, all
+    are hashed on a helper thread.
 
     hashlib releases the GIL on large buffers, so hashing runs in parallel with the file I/O of
     the calling thread. Buffers must stay unchanged until :meth:`hexdigest` returns.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, piece_size: int = 0) -> None:
+        self._piece = piece_size
         self._sha = hashlib.sha256()
+        self._filled = 0  # bytes of the current piece hashed so far
+        self._digests: list[bytes] = []
         self._queue: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -158,17 +163,30 @@ class _Hasher:
     def update(self, view: memoryview) -> None:
         if self._thread is None:
             if len(view) < _THREAD_MIN:
-                self._sha.update(view)
+                self._consume(view)
                 return
             self._thread = threading.Thread(target=self._run, name="accel-sha256", daemon=True)
             self._thread.start()
         self._queue.put(view)
 
+    def _consume(self, view: memoryview) -> None:
+        if not self._piece:
+            self._sha.update(view)
+            return
+        while len(view):
+            take = min(len(view), self._piece - self._filled)
+            self._sha.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self._piece:
+                self._digests.append(self._sha.digest())
+                self._sha, self._filled = hashlib.sha256(), 0
+
     def _run(self) -> None:
         while (view := self._queue.get()) is not None:
             if self._error is None:
                 try:
-                    self._sha.update(view)
+                    self._consume(view)
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller in hexdigest
                     self._error = exc
 
@@ -182,36 +200,17 @@ class _Hasher:
         self.stop()
         if self._error is not None:
             raise RuntimeError(f"hashing failed: {self._error!r}") from self._error
-        return self._sha.hexdigest()
+        if not self._piece:
+            return self._sha.hexdigest()
+        return _combine(self._digests + ([self._sha.digest()] if self._filled else []))
 
 
-def _pwrite_all(fd: int, parts: list[memoryview], offset: int) -> None:
-    """Write ``parts`` back to back at ``offset`` (positional: threads write pieces at once)."""
-    parts = [p for p in parts if len(p)]
-    while parts:
-        batch = parts[:512]  # under IOV_MAX
-        written = os.pwritev(fd, batch, offset)
-        if written <= 0:
-            raise OSError(f"writing {sum(map(len, batch))} bytes at offset {offset} wrote "
-                          "nothing (disk full?)")
-        offset += written
-        while parts and written >= len(parts[0]):
-            written -= len(parts[0])
-            parts = parts[1:]
-        if written:
-            parts[0] = parts[0][written:]
+class _NoHasher(_Hasher):
+    def update(self, view: memoryview) -> None:
+        pass
 
-
-def _write_piece(fd: int, parts: list[memoryview], offset: int, hashing: bool) -> bytes:
-    """Hash one piece (its parts, in order) and write it at ``offset``; its sha256 digest."""
-    digest = b""
-    if hashing:
-        sha = hashlib.sha256()
-        for part in parts:
-            sha.update(part)
-        digest = sha.digest()
-    _pwrite_all(fd, parts, offset)
-    return digest
+    def hexdigest(self) -> str:
+        return ""
 
 
 def _read_piece(fd: int, view: memoryview, offset: int, hashing: bool, path: str) -> bytes:
@@ -236,10 +235,11 @@ def _results(jobs: Sequence[Future[bytes] | bytes]) -> list[bytes]:
 class HashingWriter:
     """Write a new file (never overwrites), hashing every byte unless ``hashing=False``.
 
-    Data is cut into pieces of ``piece_size`` bytes (default :data:`PIECE`); each full piece
-    is hashed and written at its offset by the shared pool of threads, so :meth:`write`
-    returns at once and the pieces of a large file are hashed and written on every core.
-    ``close()`` waits for them, fsyncs the file and returns its record.
+    The digest is of pieces of ``piece_size`` bytes (default :data:`PIECE`, see
+    :class:`FileRecord`), computed on a helper thread while the calling thread writes (one
+    hashing thread per file: files are written in parallel by :class:`.format.CheckpointWriter`;
+    more threads per file measured more CPU time and no faster on a busy machine).
+    ``close()`` fsyncs the file and returns its record.
 
     Used as a context manager, a failure inside the block removes the partial file.
     """
@@ -251,52 +251,27 @@ class HashingWriter:
             raise ValueError(f"piece_size must be a positive number of bytes, got {piece_size}")
         self.path = Path(path)
         self._fh = open(self.path, "xb", buffering=0)  # noqa: SIM115 - closed in close()/__exit__
-        self._hashing, self._piece = hashing, piece_size
-        self._parts: list[memoryview] = []
-        self._filled = 0  # bytes in self._parts
-        self._jobs: list[Future[bytes] | bytes] = []
-        self._settled = 0  # self._jobs[:_settled] are finished
+        self._piece = piece_size if hashing else 0
+        self._hasher = _Hasher(piece_size) if hashing else _NoHasher()
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Queue all of ``data`` (kept alive and unchanged by the caller until :meth:`close`)."""
+        """Write all of ``data`` (kept alive and unchanged by the caller until :meth:`close`)."""
         view = memoryview(data).cast("B")
-        while len(view):
-            take = min(len(view), self._piece - self._filled)
-            self._parts.append(view[:take])
-            self._filled += take
-            view = view[take:]
-            if self._filled == self._piece:
-                self._flush(inline=False)
-
-    def _flush(self, inline: bool) -> None:
-        parts, offset = self._parts, self.size
-        self.size += self._filled
-        self._parts, self._filled = [], 0
-        args = (self._fh.fileno(), parts, offset, self._hashing)
-        # a small file, or the tail of one, is written here: a thread costs more than it saves
-        self._jobs.append(_write_piece(*args) if inline else
-                          _shared_pool().submit(_write_piece, *args))
-        # at most a few pieces in flight: memory held for them (e.g. host copies of device
-        # tensors) stays bounded; a failure is raised by close()
-        while len(self._jobs) - self._settled > 2 * _workers():
-            job = self._jobs[self._settled]
-            if isinstance(job, Future):
-                wait_futures([job])
-            self._settled += 1
+        self._hasher.update(view)
+        for start in range(0, len(view), CHUNK):
+            chunk = view[start:start + CHUNK]
+            while chunk:  # raw writes may be partial
+                written = self._fh.write(chunk)
+                chunk = chunk[written or 0:]
+        self.size += len(view)
 
     def close(self) -> FileRecord:
-        """Wait for every piece, flush the file to disk and return its record."""
-        try:
-            if self._parts or not self._jobs:
-                self._flush(inline=True)
-        finally:
-            digests = _results(self._jobs)
-        os.fsync(self._fh.fileno())
+        """Flush to disk and return the file's record."""
+        os.fsync(self._fh.fileno())  # first: the disk flush overlaps with the hash thread
+        digest = self._hasher.hexdigest()
         self._fh.close()
-        if not self._hashing:
-            return FileRecord(self.size, "")
-        return FileRecord(self.size, _combine(digests if self.size else []), self._piece)
+        return FileRecord(self.size, digest, self._piece)
 
     def __enter__(self) -> HashingWriter:
         return self
@@ -304,7 +279,7 @@ class HashingWriter:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is not None:
-            wait_futures([job for job in self._jobs if isinstance(job, Future)])
+            self._hasher.stop()
             self._fh.close()
             self.path.unlink(missing_ok=True)
         elif not self._fh.closed:
