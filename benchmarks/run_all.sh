@@ -31,8 +31,8 @@ bench_eval.py               | {flags}  | --quick {flags}        |       # ~1 min
 bench_fsdp.py               | {flags}  | --quick {flags}        |       # ~1.5 min
 bench_import.py             | {flags}  | --quick {flags}        |       # ~1.5 min
 bench_launch.py             | {flags}  | --quick {flags}        |       # ~1.5 min
-bench_checkpoint.py         |          | --mb 10 --repeats 2    |       # ~0.5 min
-bench_sharded_checkpoint.py |          | --layers 2 --repeats 2 |       # ~1 min
+bench_checkpoint.py         | {flags}  | --quick {flags}        |       # ~0.5 min
+bench_sharded_checkpoint.py |          | --quick                |       # ~1 min
 bench_horovod.py            | {flags}  | --quick {flags}        |       # ~0.5 min
 bench_horovod_elastic.py    | {flags}  | --quick {flags}        |       # ~1 min
 bench_big_model.py          | {flags}  | --quick {flags}        |       # ~0.5 min

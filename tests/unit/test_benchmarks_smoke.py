@@ -19,7 +19,8 @@ BENCH = ROOT / "benchmarks"
 RECORDED = {"bench_step.py": (2, 4), "bench_import.py": (2, 3), "bench_launch.py": (1, 1),
             "bench_horovod.py": (4, 4), "bench_horovod_elastic.py": (1, 1),
             "bench_big_model.py": (1, 2), "bench_fsdp.py": (8, 8), "bench_gpu.py": (1, 3),
-            "bench_eval.py": (10, 10)}
+            "bench_eval.py": (10, 10), "bench_checkpoint.py": (4, 4),
+            "bench_sharded_checkpoint.py": (0, 2)}
 
 
 def _run(*args: str, timeout: float = 300, results: Path | None = None
@@ -122,3 +123,31 @@ def test_common_table_and_interleave() -> None:
                                  ratio_of=["accel"])
     assert table.splitlines()[1].split() == ["case", "torch", "accel", "accel", "/", "torch"]
     assert table.splitlines()[2].split() == ["x", "2.00", "ms", "3.00", "ms", "1.50"]
+
+
+@pytest.mark.slow
+def test_checkpoint_benchmark_runs_and_records_its_targets(tmp_path: Path) -> None:
+    results = tmp_path / "records.jsonl"
+    work = tmp_path / "work"
+    work.mkdir()
+    done = _run(str(BENCH / "bench_checkpoint.py"), "--quick", "--no-accelerate", "--dir",
+                str(work), results=results)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_records("bench_checkpoint.py", results)
+    out = done.stdout
+    assert "Checkpoint save/load of" in out and "target <= 1.00" in out, out
+    for contender in ("torch.save+fsync", "accel storage", "accel save_state", "sha256"):
+        assert contender in out, out
+    assert "page cache" in out and "Accelerate" not in out, out  # --no-accelerate
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert all(r["accel"]["n"] == 2 and r["accelerate"] is None for r in records), records
+    assert list(work.iterdir()) == []  # the checkpoints it wrote are removed
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_benchmark_runs_and_records(tmp_path: Path) -> None:
+    done = _run(str(BENCH / "bench_sharded_checkpoint.py"), "--quick",
+                results=tmp_path / "records.jsonl", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_records("bench_sharded_checkpoint.py", tmp_path / "records.jsonl")
+    assert "accel min / median / max" in done.stdout, done.stdout
