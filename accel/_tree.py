@@ -57,6 +57,16 @@ def flatten(
     data: Any, strict: bool = True
 ) -> tuple[list[torch.Tensor], Callable[[list[Any]], Any]]:
     """Collect tensor leaves in a fixed order and return a function that rebuilds the structure."""
+    # The common cases (a tensor; a plain tuple or list of tensors) without walking a tree:
+    # collectives call this once per call, and the walk costs microseconds.
+    if isinstance(data, torch.Tensor):
+        return [data], _first
+    kind = type(data)
+    if (kind is tuple or kind is list) and all(isinstance(x, torch.Tensor) for x in data):
+        return list(data), kind
+    if kind is dict and all(isinstance(x, torch.Tensor) for x in data.values()):
+        keys = list(data)
+        return list(data.values()), lambda values: dict(zip(keys, values, strict=True))
     leaves: list[torch.Tensor] = []
 
     def collect(tensor: torch.Tensor) -> _Slot:
@@ -69,6 +79,10 @@ def flatten(
         return apply_indices(skeleton, values)
 
     return leaves, rebuild
+
+
+def _first(values: list[Any]) -> Any:
+    return values[0]
 
 
 class _Slot:

@@ -35,7 +35,7 @@ from typing import Any
 
 __all__ = ["RESULTS_ENV", "Loop", "add_common_args", "format_seconds", "format_table",
            "free_port", "has_accelerate", "interleave", "machine_line", "median", "python",
-           "ratio", "record", "run_workers", "time_command"]
+           "ratio", "record", "run_workers", "spread", "spread_lines", "time_command"]
 
 
 class Loop:
@@ -81,6 +81,27 @@ def format_seconds(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.1f} us"
+
+
+def spread(values: Sequence[float], fmt: Callable[[float], str] = format_seconds) -> str:
+    """``min / median / max`` of ``values`` (seconds unless ``fmt`` says otherwise).
+
+    Example:
+        >>> spread([0.003, 0.001, 0.002])
+        '1.00 ms / 2.00 ms / 3.00 ms'
+    """
+    if not values:
+        return "-"
+    return " / ".join(fmt(v) for v in (min(values), median(values), max(values)))
+
+
+def spread_lines(what: str, results: Mapping[str, Mapping[str, Sequence[float]]],
+                 columns: Sequence[str]) -> str:
+    """``min / median / max`` of every row (``results[row][column]``), one line per row."""
+    lines = [f"min / median / max {what}:"]
+    for name, times in results.items():
+        lines.append(f"  {name}: " + "; ".join(f"{c} {spread(times[c])}" for c in columns))
+    return "\n".join(lines)
 
 
 def format_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],

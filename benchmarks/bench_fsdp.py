@@ -254,6 +254,7 @@ def _size(nbytes: float) -> str:
 
 
 def _memory_table(case: Case) -> tuple[str, list[bool]]:
+    """The table, and whether each row met the bound; records the sharded rows."""
     rows, met = [], []
     unsharded = 0.0
     for world in MEMORY_WORLDS:
@@ -266,6 +267,12 @@ def _memory_table(case: Case) -> tuple[str, list[bool]]:
             bound = unsharded / world + worst["largest_unit"]
         ok = worst["total"] <= bound
         met.append(ok)
+        if world > 1:  # the ideal is unsharded / N; the bound allows the largest unit on top
+            ideal = unsharded / world
+            _common.record("bench_fsdp", f"memory per rank, {world} processes",
+                           accel=float(worst["total"]), baseline=ideal,
+                           baseline_name="unsharded / N", unit="bytes", target=bound / ideal,
+                           note="target: + the largest unit")
         rows.append([str(world), _size(worst["params"]), _size(worst["grads"]),
                      _size(worst["state"]), _size(worst["total"]), _size(unsharded / world),
                      f"{worst['total'] / (unsharded / world):.3f}", _size(bound),
@@ -281,16 +288,6 @@ def _table(title: str, results: dict[str, dict[str, list[float]]], columns: list
     rows = [[name] + [_common.median(times[c]) for c in columns]
             for name, times in results.items()]
     return _common.format_table(title, ["model"] + columns, rows, ratio_of=columns[1:])
-
-
-def _spread(results: dict[str, dict[str, list[float]]], columns: list[str]) -> str:
-    lines = ["min / median / max per step (wall):"]
-    for name, times in results.items():
-        cells = [f"{c} {_common.format_seconds(min(times[c]))} / "
-                 f"{_common.format_seconds(_common.median(times[c]))} / "
-                 f"{_common.format_seconds(max(times[c]))}" for c in columns]
-        lines.append(f"  {name}: " + "; ".join(cells))
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(_table(f"CPU time per FSDP training step (all threads of rank 0), {what}",
                  results["cpu"], columns))
-    print(_spread(results["wall"], columns))
+    print(_common.spread_lines("per step (wall)", results["wall"], columns))
     print(_common.machine_line())
     for case in cases:
         figures = []
@@ -320,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             control = _common.ratio(_common.median(times[AA]), _common.median(times["torch"]))
             figures.append(f"{clock} {value:.3f} ({'met' if value <= TARGET else 'MISSED'}; "
                            f"A/A {control:.3f})")
+            _common.record("bench_fsdp", f"FSDP step, {case.name} ({clock})",
+                           accel=times["accel"], baseline=times["torch"],
+                           baseline_name="fully_shard by hand", target=TARGET,
+                           note=f"torch against itself {control:.2f}")
         print(f"target: accel / torch <= {TARGET}, {case.name}: " + ", ".join(figures))
     print()
     table, met = _memory_table(memory_case)

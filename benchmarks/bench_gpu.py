@@ -11,9 +11,10 @@ is trained with:
 * ``accel``: ``Accelerator(mixed_precision=...)``, ``prepare``, ``accelerator.backward``.
 
 Blocks of steps are interleaved (rotating which variant goes first) and timed between
-``torch.cuda.synchronize()`` calls; medians per step and ratios to ``torch`` are printed for
-bf16 and fp16. Then ``gather_for_metrics`` of a (batch, classes) tensor on CUDA against one
-``all_gather_into_tensor`` (with one process accel returns without a collective).
+``torch.cuda.synchronize()`` calls; medians per step (and min / median / max) and ratios to
+``torch`` are printed for bf16 and fp16. Then ``gather_for_metrics`` of a (batch, classes)
+tensor on CUDA against one ``all_gather_into_tensor`` (with one process accel returns without
+a collective).
 
 Run:  python benchmarks/bench_gpu.py [--repeats 20] [--layers 8] [--d-model 1024]
           [--batch 16] [--seq 512] [--quick]
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_common.format_table(f"{mode} training step, {what}, median of {cfg.repeats} "
                                    f"blocks of {cfg.steps} steps", ["precision"] + columns,
                                    rows, ratio_of=columns[1:]))
+        print(_common.spread_lines("per step", {mode: times}, columns))
         print()
     gather = result["gather"]
     alone = " (with one process accel runs no collective)" if world == 1 else ""
@@ -256,11 +258,27 @@ def main(argv: list[str] | None = None) -> int:
         ["tensor per rank", "torch", "accel"],
         [["(256, 1000) float32", _common.median(gather["torch"]),
           _common.median(gather["accel"])]], ratio_of=["accel"]))
+    print(_common.spread_lines("per gather", {"(256, 1000) float32": gather},
+                               ["torch", "accel"]))
+    print(_common.machine_line())
     bf16 = result["steps"]["bf16"]
     value = _common.ratio(_common.median(bf16["accel"]), _common.median(bf16["torch"]))
     print(f"target: bf16 step accel / torch <= {TARGET}: {value:.3f} "
           f"({'met' if value <= TARGET else 'MISSED'})")
+    _record(result, world, device)
     return 0
+
+
+def _record(result: dict[str, Any], world: int, device: str) -> None:
+    where = f"{world} x {result['gpu']}" if device == "cuda" else "CPU script check"
+    for mode, times in result["steps"].items():
+        _common.record("bench_gpu", f"{mode} training step, {where}", accel=times["accel"],
+                       baseline=times["torch"], baseline_name="autocast + DDP",
+                       target=TARGET if mode == "bf16" else None)
+    gather = result["gather"]
+    _common.record("bench_gpu", f"gather_for_metrics (256, 1000) float32, {where}",
+                   accel=gather["accel"], baseline=gather["torch"],
+                   baseline_name="all_gather_into_tensor")
 
 
 if __name__ == "__main__":

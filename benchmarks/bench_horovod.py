@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"target ({clock}): hvd / DDP <= {TARGET:.2f}, {name}: {value:.3f} "
                   f"({'met' if value <= TARGET else 'MISSED'}; DDP against itself: "
                   f"{control:.3f})")
+            _common.record("bench_horovod", f"hvd.DistributedOptimizer step, {name} ({clock})",
+                           accel=times[HVD], baseline=times["DDP"], baseline_name="DDP",
+                           target=TARGET, note=f"DDP against itself {control:.2f}")
     return 0
 
 

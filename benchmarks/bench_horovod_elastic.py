@@ -10,6 +10,7 @@ one; it runs no collective, so one process measures it. Side by side in the same
 - ``commit``: ``hvd.elastic.TorchState.commit()``.
 
 The last column is the overhead per step of committing every N steps (commit / (N * step)).
+Min / median / max of every variant follow the table (at least 5 repeats).
 
 Run:  python benchmarks/bench_horovod_elastic.py [--repeats 7] [--dir /tmp] [--every 10]
 """
@@ -24,9 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import add_common_args, format_table, interleave, machine_line, median
+from _common import (
+    add_common_args,
+    format_table,
+    interleave,
+    machine_line,
+    median,
+    record,
+    spread_lines,
+)
 
 __all__ = ["main"]
+
+TARGET = 1.5  # commit / torch.save+fsync
 
 
 def _setup(megabytes: float) -> tuple[Any, Any, Any]:
@@ -48,7 +59,9 @@ def _torch_save(state: dict[str, Any], path: Path) -> None:
         os.close(fd)
 
 
-def _case(megabytes: float, directory: Path, repeats: int, every: int) -> list[Any]:
+def _case(megabytes: float, directory: Path, repeats: int, every: int
+          ) -> tuple[list[Any], dict[str, list[float]]]:
+    """The table row of one state size, and every variant's samples."""
     import accel.horovod as hvd
 
     model, optimizer, batch = _setup(megabytes)
@@ -78,7 +91,7 @@ def _case(megabytes: float, directory: Path, repeats: int, every: int) -> list[A
     save_s = median(wall["torch.save+fsync"])
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3
     return [f"{nbytes / 1e6:.0f} MB", step_s, median(wall["deepcopy"]), save_s, commit_s,
-            f"{commit_s / save_s:.2f}", f"{100 * commit_s / (every * step_s):.1f}%"]
+            f"{commit_s / save_s:.2f}", f"{100 * commit_s / (every * step_s):.1f}%"], wall
 
 
 def main() -> None:
@@ -88,7 +101,7 @@ def main() -> None:
                         help="where the commits go (ACCEL_ELASTIC_DIR); default: the temp dir")
     parser.add_argument("--every", type=int, default=10, help="commit every N steps")
     args = parser.parse_args()
-    repeats = 2 if args.quick else args.repeats
+    repeats = 2 if args.quick else max(args.repeats, 5)
     sizes = [1.0] if args.quick else [1.0, 10.0, 100.0]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         os.environ["ACCEL_ELASTIC_DIR"] = tmp
@@ -96,15 +109,22 @@ def main() -> None:
 
         hvd.init()
         torch.set_num_threads(1)
-        rows = [_case(size, Path(tmp), repeats, args.every) for size in sizes]
+        cases = [_case(size, Path(tmp), repeats, args.every) for size in sizes]
         hvd.shutdown()
     print(machine_line())
     print(f"commits in {args.dir}; model + Adam state (3 x the parameters)")
     print(format_table(
         "Wall time of hvd.elastic's commit (medians)",
         ["state", "step", "deepcopy", "torch.save+fsync", "commit", "commit / torch.save",
-         f"overhead, commit every {args.every} steps"], rows))
-    print("target: commit / torch.save+fsync <= 1.5 (a durable write of the same bytes)")
+         f"overhead, commit every {args.every} steps"], [row for row, _ in cases]))
+    samples = {row[0]: wall for row, wall in cases}
+    print(spread_lines(f"of {repeats} interleaved repeats", samples,
+                       ["step", "deepcopy", "torch.save+fsync", "commit"]))
+    print(f"target: commit / torch.save+fsync <= {TARGET} (a durable write of the same bytes)")
+    for size, wall in samples.items():
+        record("bench_horovod_elastic", f"hvd.elastic commit, {size} state",
+               accel=wall["commit"], baseline=wall["torch.save+fsync"],
+               baseline_name="torch.save+fsync", target=TARGET)
 
 
 if __name__ == "__main__":

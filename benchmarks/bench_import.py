@@ -7,7 +7,8 @@ console script's own start-up (it must not import torch at all). With Hugging Fa
 installed, ``from accelerate import Accelerator`` is shown too. Children may write bytecode
 (``PYTHONDONTWRITEBYTECODE`` is dropped) as an installed package would have it; the warm-up
 runs write it. One extra run with ``-X importtime`` lists the slowest accel modules to import
-(cumulative, torch excluded).
+(cumulative, torch excluded). The table gives min / median / max; the figures go to
+run_all.sh's results file with the absolute targets as ratios over this run's baselines.
 
 Run:  python benchmarks/bench_import.py [--repeats 20] [--quick] [--no-accelerate]
 """
@@ -63,6 +64,27 @@ def _slowest_accel_modules(env: dict[str, str], count: int = 5) -> list[tuple[st
     return sorted(rows, key=lambda r: -r[1])[:count]
 
 
+def _base(name: str) -> str:
+    """What a command is compared with: ``import torch`` for the Accelerator lines."""
+    return "import torch" if "Accelerator" in name else "python -c pass"
+
+
+def _record(wall: dict[str, list[float]]) -> None:
+    """The targets as ratios over this run's baselines (they are absolute: +100 ms, 0.3 s)."""
+    torch_s, bare_s = _common.median(wall["import torch"]), _common.median(wall["python -c pass"])
+    _common.record("bench_import", "from accel import Accelerator",
+                   accel=wall["from accel import Accelerator"], baseline=wall["import torch"],
+                   baseline_name="import torch",
+                   accelerate=wall.get("from accelerate import Accelerator"),
+                   target=(torch_s + ADDED_TARGET) / torch_s,
+                   note=f"target: +{ADDED_TARGET * 1e3:.0f} ms")
+    _common.record("bench_import", "import accel (lazy: no torch)", accel=wall["import accel"],
+                   baseline=wall["python -c pass"], baseline_name="python -c pass")
+    _common.record("bench_import", "accel --help", accel=wall["accel --help"],
+                   baseline=wall["python -c pass"], baseline_name="python -c pass",
+                   target=HELP_TARGET / bare_s, note=f"target: {HELP_TARGET:.1f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_common_args(parser, repeats=20)
@@ -80,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     medians = {name: _common.median(times) for name, times in wall.items()}
     rows = []
     for name in commands:
-        base = "import torch" if "Accelerator" in name else "python -c pass"
+        base = _base(name)
         extra = "-" if name == base else f"{(medians[name] - medians[base]) * 1e3:+.0f} ms"
-        rows.append([name, medians[name], extra, "" if name == base else base])
+        rows.append([name, medians[name], _common.spread(wall[name]), extra,
+                     "" if name == base else base])
     print(_common.format_table(
         f"Fresh-interpreter wall time, median of {repeats} interleaved runs",
-        ["command", "wall", "added", "over"], rows))
+        ["command", "wall", "min / median / max", "added", "over"], rows))
     print(_common.machine_line())
     print("slowest accel modules to import (cumulative, after torch): " + ", ".join(
         f"{name} {seconds * 1e3:.1f} ms" for name, seconds in _slowest_accel_modules(env)))
@@ -95,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
           f"`import torch`: {added * 1e3:+.0f} ms ({'met' if added <= ADDED_TARGET else 'MISSED'})")
     print(f"target: `accel --help` <= {HELP_TARGET:.1f} s: {helps:.3f} s "
           f"({'met' if helps <= HELP_TARGET else 'MISSED'})")
+    _record(wall)
     return 0
 
 

@@ -10,6 +10,8 @@ the ratio to plain PyTorch (CPU time isolates framework overhead when the machin
 The "+ accumulate()" row wraps the accel/accelerate steps in ``accelerator.accumulate(model)``
 (gradient_accumulation_steps=1), as many scripts do. "torch again" is a second, identical
 plain-PyTorch loop: its ratio to the first is the noise floor of the run (an A/A control).
+Min / median / max per step follow the tables; every case's wall time (and the tiny model's CPU
+time) is also recorded for run_all.sh's results file (``_common.record``).
 
 Run:  python benchmarks/bench_step.py [--repeats 30] [--quick] [--no-accelerate]
 """
@@ -159,6 +161,20 @@ def _table(title: str, results: dict[str, dict[str, list[float]]], columns: list
     return _common.format_table(title, ["model"] + columns, rows, ratio_of=columns[1:])
 
 
+def _record(results: dict[str, dict[str, dict[str, list[float]]]],
+            cases: tuple[Case, ...]) -> None:
+    """Every case's wall time, and the tiny model's CPU time, for run_all.sh's results."""
+    for clock in ("wall", "cpu"):
+        for case in cases if clock == "wall" else cases[:1]:
+            times = results[clock][case.name]
+            control = _common.ratio(_common.median(times[AA]), _common.median(times["torch"]))
+            _common.record("bench_step", f"training step, {case.name} ({clock})",
+                           accel=times["accel"], baseline=times["torch"], baseline_name="DDP",
+                           accelerate=times.get("accelerate"),
+                           target=TARGET if case is cases[0] else None,
+                           note=f"DDP against itself {control:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_common_args(parser, repeats=30)
@@ -176,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(_table(f"CPU time per training step (all threads of rank 0), {what}",
                  results["cpu"], columns))
+    print(_common.spread_lines("per step (wall)", results["wall"], columns))
     print(_common.machine_line())
     for clock in ("wall", "cpu"):
         tiny = results[clock][cases[0].name]
@@ -184,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"target ({clock}): accel / torch <= {TARGET} on the tiny model: "
               f"{value:.3f} ({'met' if value <= TARGET else 'MISSED'}; "
               f"torch against itself: {control:.3f})")
+    _record(results, cases)
     return 0
 
 

@@ -40,8 +40,17 @@ def send_to_device(data: Any, device: torch.device | str | int | None, non_block
 
 
 def _move(data: Any, device: Any, non_blocking: bool, skip: set[str]) -> Any:
+    # Plain tensors already on ``device`` and plain lists and tuples first, without a call
+    # into torch: a prepared loader moves every batch (a CPU batch usually goes nowhere).
+    kind = type(data)
+    if kind is torch.Tensor and data.device == device:
+        return data
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=non_blocking)
+    if kind is list:
+        return [_move(item, device, non_blocking, skip) for item in data]
+    if kind is tuple:
+        return tuple([_move(item, device, non_blocking, skip) for item in data])
     if is_namedtuple(data):
         return type(data)(*(_move(item, device, non_blocking, skip) for item in data))
     if isinstance(data, (list, tuple)):

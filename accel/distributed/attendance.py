@@ -99,6 +99,9 @@ class Attendance:
         self.timeout = timeout.total_seconds() if timeout is not None else 1800.0
         self._calls = 0  # this rank's arrivals (their nonces)
         self._taken: set[int] = set()  # operations this rank took part in or took the outcome of
+        self._done_at = ""  # rank 0: the ``at`` key of its last operation that everyone joined
+        self._alone: list[tuple[Progress, int]] = []  # rank 0: places and numbers of the
+        # operations it did alone whose keys a late rank may still read
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy in another process (a DataLoader worker started with spawn that captured the
@@ -118,6 +121,10 @@ class Attendance:
         number = store.add("count", 1)
         here = self.monitor.progress
         self.monitor.publish_progress()
+        if self._done_at:  # every rank of that one has left join() since (then came its
+            store.delete_key(self._done_at)  # collectives): no one reads it again
+            self._done_at = ""
+        self._forget_alone(store)
         store.set(self._at(here), f"{number}|open")
         peers = {r: _Peer() for r in range(1, self.world_size)}
         reason, timed_out, delay = "", False, _POLL[0]
@@ -137,6 +144,10 @@ class Attendance:
         for rank in present:  # each waits in join() for exactly this answer
             store.set(f"answer/{rank}/{peers[rank].nonce}",
                       f"{number}|{'all' if everyone else 'alone'}")
+        if everyone:  # a late arrival reads ``at`` only after an operation rank 0 did alone
+            self._done_at = self._at(here)
+        else:
+            self._alone.append((here, number))
         return Roll(number, everyone, present, tuple(r for r in peers if r not in present),
                     reason, timed_out, waited=time.monotonic() - start)
 
@@ -146,6 +157,23 @@ class Attendance:
         if self._store is not None and not roll.everyone:
             self._store.set(f"done/{roll.number}",
                             f"ok|{target}" if error is None else f"error|{error}")
+
+    def _forget_alone(self, store: dist.Store) -> None:
+        """Delete the keys of operations rank 0 did alone once every other rank is past their
+        place: none of them can arrive there any more (a save on the main process only, as in
+        the diffusers scripts, would otherwise add two keys per save for the whole run)."""
+        if not self._alone or self._progress is None:
+            return
+        others = range(1, self.world_size)
+        found = read_progress(self._progress, others)
+        kept = []
+        for place, number in self._alone:
+            if all(r in found and found[r].beyond(place) for r in others):
+                store.delete_key(self._at(place))
+                store.delete_key(f"done/{number}")
+            else:
+                kept.append((place, number))
+        self._alone = kept
 
     def _claim_arrivals(self, store: dist.Store, peers: dict[int, _Peer], here: Progress,
                         number: int) -> None:
@@ -230,7 +258,11 @@ class Attendance:
         if not store.check([key]):
             return None
         number, mode = store.get(key).decode().split("|")
-        store.delete_key(key)
+        # answered: rank 0 claimed this arrival and reads it no more, so nothing of it stays in
+        # the store (a save every few steps would otherwise add keys for the whole run); the
+        # arrival goes first, so that its claim is never missing while it can still be read
+        for used in (f"arrive/{self.rank}", f"claim/{self.rank}/{nonce}", key):
+            store.delete_key(used)
         return Roll(int(number), everyone=mode == "all")
 
     def _late(self, store: dist.Store, nonce: str, here: Progress) -> Roll | None:

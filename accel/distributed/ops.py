@@ -4,9 +4,12 @@
 backend. In the steady state it costs one ``all_gather``: each rank sends a small shape header
 together with its payload, padded to a capacity that every rank derives identically from the
 previous call's headers; only when some header says a rank overflowed does a second round run
-(every rank sees every header, so all ranks decide the same way). Small gathers keep their send
-buffer (header already written, a typed view per leaf) while shapes stay the same, so the steady
-state costs about as many tensor operations as a hand-written ``all_gather`` + ``cat``.
+(every rank sees every header, so all ranks decide the same way). What a gather derives from its
+leaves' shapes and dtypes is computed once per signature, and small gathers keep their send and
+receive buffers with every view into them, so a call whose shapes every rank sent last time
+costs one copy in and one out per leaf, one header comparison and the collective: no more tensor
+operations than a hand-written ``all_gather`` + ``cat`` of one tensor, and one collective for
+any number of tensors.
 
 At world size 1 every collective returns at once without touching torch.distributed.
 
@@ -36,7 +39,8 @@ __all__ = ["REDUCTIONS", "CollectiveHook", "Communicator", "CollectiveMismatchEr
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 _ALIGN = 8
-_MIN_CAPACITY = 4096
+#: bytes per rank a small gather sends at least (every byte costs on the wire)
+_MIN_CAPACITY = 1024
 _CACHE_SIZE = 64
 #: send buffers kept for reuse: at most this many, each at most this large (bytes)
 _PLANS = 8
@@ -70,27 +74,61 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 _ALL_GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class _SendPlan:
-    """A gather's send buffer (int64: header, then payload) and a typed view per leaf.
+class _Layout:
+    """What a gather derives from its leaves' shapes and dtypes (header, offsets, capacity key),
+    computed once per signature: recomputing it in Python at every call would cost about as
+    much as a small collective."""
 
-    Kept between calls with the same header and capacity, so that the steady state of a
-    small gather costs one copy per leaf: at a few microseconds per tensor op, rebuilding
-    the header and views each time would cost more than the collective itself.
+    __slots__ = ("shapes", "offsets", "needed", "wanted", "header", "key")
+
+    def __init__(self, leaves: list[torch.Tensor], scope: tuple[int, ...] | None) -> None:
+        self.shapes = [tuple(t.shape) if t.dim() else (1,) for t in leaves]
+        self.offsets: list[int] = []
+        needed = 0
+        for tensor, shape in zip(leaves, self.shapes, strict=True):
+            self.offsets.append(needed)
+            needed += _align(math.prod(shape) * tensor.element_size())
+        self.needed, self.wanted = needed, _grow(needed)
+        self.header = [needed] + [d for shape in self.shapes for d in shape]
+        # Capacities are agreed per group: a subgroup gather must not change what the other
+        # ranks assume for the next whole-job gather.
+        layout = tuple((t.dtype, s[1:]) for t, s in zip(leaves, self.shapes, strict=True))
+        self.key = (scope, layout, len(self.header))
+
+
+class _SendPlan:
+    """A gather's send buffer (int64: header, then payload), a typed view per leaf, and (for
+    small gathers) the receive buffer with its views: every rank's header, and each leaf's
+    block as it arrives when all ranks send the same shapes.
+
+    Kept between calls with the same signature and capacity, so that the steady state of a
+    small gather costs one copy in and one copy out per leaf, one collective, one header
+    comparison and no allocation but the results: at a few microseconds per tensor op,
+    rebuilding the header and views each time would cost more than the collective itself.
     """
 
-    __slots__ = ("header", "capacity", "send", "dests")
+    __slots__ = ("capacity", "send", "dests", "fits", "recv", "expected", "heads", "blocks")
 
-    def __init__(self, header: list[int], capacity: int, device: torch.device,
-                 leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
-                 offsets: list[int], fits: bool) -> None:
-        self.header, self.capacity = header, capacity
-        self.send = torch.empty(len(header) + capacity // 8, dtype=torch.int64, device=device)
-        self.send[:len(header)].copy_(torch.tensor(header, dtype=torch.int64))
+    def __init__(self, lay: _Layout, capacity: int, device: torch.device,
+                 leaves: list[torch.Tensor], world: int) -> None:
+        header, hlen = lay.header, len(lay.header)
+        self.capacity, self.fits = capacity, lay.needed <= capacity
+        self.send = torch.empty(hlen + capacity // 8, dtype=torch.int64, device=device)
+        self.send[:hlen].copy_(torch.tensor(header, dtype=torch.int64))
+        self.expected = self.send[:hlen].expand(world, hlen)
+        row = self.send.numel()
+        # Results are copies (a header sits between any two ranks' payloads; see ``blocks``),
+        # so the receive buffer can be reused; only small ones are kept.
+        self.recv = (torch.empty(world * row, dtype=torch.int64, device=device)
+                     if world * row * 8 <= _PLAN_BYTES else None)
+        self.heads = (None if self.recv is None
+                      else self.recv.as_strided(self.expected.shape, (row, 1)))
+        self.blocks = _blocks(lay, leaves, self.recv, world, row * 8) if self.fits else None
         self.dests: list[torch.Tensor] = []
-        if not fits:  # this rank overflows: its payload goes in the second round
+        if not self.fits:  # this rank overflows: its payload goes in the second round
             return
-        payload = self.send.view(torch.uint8)[len(header) * 8:]
-        for tensor, shape, offset in zip(leaves, shapes, offsets, strict=True):
+        payload = self.send.view(torch.uint8)[hlen * 8:]
+        for tensor, shape, offset in zip(leaves, lay.shapes, lay.offsets, strict=True):
             nbytes = math.prod(shape) * tensor.element_size()
             dest = payload[offset: offset + nbytes]
             self.dests.append(dest if tensor.element_size() > _ALIGN
@@ -102,6 +140,58 @@ class _SendPlan:
             source = tensor.detach() if tensor.requires_grad else tensor
             dest.copy_(_as_bytes(source) if dest.dtype != source.dtype else source)
 
+    def receive(self, world: int, group: Any) -> torch.Tensor:
+        """Every rank's send buffer, concatenated (into the kept receive buffer if any)."""
+        out = self.recv
+        if out is None:
+            out = torch.empty(world * self.send.numel(), dtype=torch.int64,
+                              device=self.send.device)
+        _ALL_GATHER_INTO(out, self.send, group=group)
+        return out
+
+    def uniform(self, flat: torch.Tensor) -> bool:
+        """Whether every rank sent this rank's header (same shapes; nobody overflowed)."""
+        if not self.fits:
+            return False
+        heads = self.heads
+        if heads is None or flat is not self.recv:
+            heads = flat.as_strided(self.expected.shape, (self.send.numel(), 1))
+        return bool(torch.equal(heads, self.expected))
+
+    def results(self) -> list[torch.Tensor]:
+        """The leaves from the kept receive buffer after a uniform gather, each a new tensor."""
+        assert self.blocks is not None
+        out = []
+        for block, shape, copy, device in self.blocks:
+            value = block.reshape(shape)  # a copy: a header lies between the ranks' rows...
+            if device is not None:
+                value = value.to(device)
+            elif copy:  # ... but a view when each rank sent one row (a batch of one, 0-d)
+                value = value.contiguous()
+            out.append(value)
+        return out
+
+
+#: a leaf's rows in the kept receive buffer: the (world, count) view, the result's shape,
+#: whether reshaping it gives a view (which must be copied), and the leaf's device if other
+_Block = tuple[torch.Tensor, tuple[int, ...], bool, "torch.device | None"]
+
+
+def _blocks(lay: _Layout, leaves: list[torch.Tensor], recv: torch.Tensor | None, world: int,
+            row_bytes: int) -> list[_Block] | None:
+    if recv is None or any(t.element_size() > _ALIGN for t in leaves):
+        return None  # unpacked from each call's buffer (complex128: byte copies first)
+    base = len(lay.header) * 8
+    blocks: list[_Block] = []
+    for tensor, shape, offset in zip(leaves, lay.shapes, lay.offsets, strict=True):
+        size = tensor.element_size()
+        typed = recv if recv.dtype == tensor.dtype else recv.view(tensor.dtype)
+        view = typed.as_strided((world, math.prod(shape)), (row_bytes // size, 1),
+                                (base + offset) // size)
+        device = None if tensor.device == recv.device else tensor.device
+        blocks.append((view, (world * shape[0],) + shape[1:], shape[0] == 1, device))
+    return blocks
+
 
 class Communicator:
     """Collectives for one process context. Holds only per-instance gather state (agreed
@@ -111,6 +201,7 @@ class Communicator:
         self.ctx = ctx
         self.hooks = list(hooks)
         self._capacity: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+        self._layouts: OrderedDict[tuple[Any, ...], _Layout] = OrderedDict()
         self._plans: OrderedDict[tuple[Any, ...], _SendPlan] = OrderedDict()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -168,53 +259,48 @@ class Communicator:
             return rebuild(self._gather_leaves(leaves))
 
     def _gather_leaves(self, leaves: list[torch.Tensor], group: Any = None) -> list[torch.Tensor]:
-        shapes = [tuple(t.shape) if t.dim() else (1,) for t in leaves]
-        sizes = [math.prod(s) * t.element_size() for s, t in zip(shapes, leaves, strict=True)]
-        offsets, needed = [], 0
-        for size in sizes:
-            offsets.append(needed)
-            needed += _align(size)
-        header = [needed] + [d for s in shapes for d in s]
-        hbytes = len(header) * 8
-        # Capacities are agreed per group: a subgroup gather must not change what the other
-        # ranks assume for the next whole-job gather.
         scope = None if group is None else tuple(dist.get_process_group_ranks(group))
-        layout = tuple((t.dtype, s[1:]) for t, s in zip(leaves, shapes, strict=True))
-        key = (scope, layout, len(header))
-        capacity = self._capacity.get(key, _MIN_CAPACITY)
-
+        signature = (scope, *[(t.shape, t.dtype, t.device) for t in leaves])
+        lay = self._layouts.get(signature)
+        if lay is None:
+            lay = self._layouts[signature] = _Layout(leaves, scope)
+            while len(self._layouts) > _CACHE_SIZE:
+                self._layouts.popitem(last=False)
+        capacity = self._capacity.get(lay.key, _MIN_CAPACITY)
         world = self.ctx.world_size if group is None else dist.get_world_size(group)
-        send = self._send_buffer(key, header, capacity, leaves, shapes, offsets, needed)
-        flat = self._all_gather(send, world, group)
-        row = send.numel()  # int64 elements per rank
-        headers = flat.as_strided((world, len(header)), (row, 1)).tolist()
+        plan = self._send_plan(signature, lay, capacity, leaves, world)
+        plan.fill(leaves)
+        flat = plan.receive(world, group)
+        row_bytes, base = plan.send.numel() * 8, len(lay.header) * 8
+        if plan.uniform(flat):  # the steady state: every rank sent these shapes
+            self._remember(lay.key, capacity, lay.needed, lay.wanted)
+            if flat is plan.recv and plan.blocks is not None:
+                return plan.results()
+            return _unpack_uniform(leaves, lay.shapes, lay.offsets, flat, world, row_bytes, base)
+        headers = flat.as_strided((world, len(lay.header)), (row_bytes // 8, 1)).tolist()
         largest = max(h[0] for h in headers)
-        row_bytes, base = row * 8, hbytes
         if largest > capacity:  # someone overflowed: every rank sees it and joins round two
-            payload = torch.empty(_align(largest), dtype=torch.uint8, device=send.device)
-            self._pack(payload, leaves, offsets)
+            payload = torch.empty(_align(largest), dtype=torch.uint8, device=flat.device)
+            self._pack(payload, leaves, lay.offsets)
             flat, row_bytes, base = self._all_gather(payload, world, group), payload.numel(), 0
-        self._remember(key, capacity, largest)
-        if all(h == header for h in headers):  # the usual case: one strided copy per leaf
-            return _unpack_uniform(leaves, shapes, offsets, flat, world, row_bytes, base)
+        self._remember(lay.key, capacity, largest)
+        if all(h == lay.header for h in headers):  # everyone overflowed with the same shapes
+            return _unpack_uniform(leaves, lay.shapes, lay.offsets, flat, world, row_bytes, base)
         rows = flat.view(torch.uint8).view(world, row_bytes)[:, base:]
         return self._unpack(leaves, headers, rows)
 
-    def _send_buffer(self, key: tuple[Any, ...], header: list[int], capacity: int,
-                     leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
-                     offsets: list[int], needed: int) -> torch.Tensor:
-        plan = self._plans.get(key)
-        if plan is not None and plan.capacity == capacity and plan.header == header:
-            self._plans.move_to_end(key)
-        else:
-            plan = _SendPlan(header, capacity, self._comm_device, leaves, shapes, offsets,
-                             needed <= capacity)
-            if capacity <= _PLAN_BYTES and plan.dests:
-                self._plans[key] = plan
-                while len(self._plans) > _PLANS:
-                    self._plans.popitem(last=False)
-        plan.fill(leaves)
-        return plan.send
+    def _send_plan(self, signature: tuple[Any, ...], lay: _Layout, capacity: int,
+                   leaves: list[torch.Tensor], world: int) -> _SendPlan:
+        plan = self._plans.get(signature)
+        if plan is not None and plan.capacity == capacity:
+            self._plans.move_to_end(signature)
+            return plan
+        plan = _SendPlan(lay, capacity, self._comm_device, leaves, world)
+        if capacity <= _PLAN_BYTES and plan.fits:
+            self._plans[signature] = plan
+            while len(self._plans) > _PLANS:
+                self._plans.popitem(last=False)
+        return plan
 
     @staticmethod
     def _pack(buffer: torch.Tensor, leaves: list[torch.Tensor], offsets: list[int]) -> None:
@@ -230,8 +316,11 @@ class Communicator:
         _ALL_GATHER_INTO(out, send, group=group)
         return out
 
-    def _remember(self, key: tuple[Any, ...], capacity: int, largest: int) -> None:
-        wanted = _grow(largest)
+    def _remember(self, key: tuple[Any, ...], capacity: int, largest: int,
+                  wanted: int | None = None) -> None:
+        """Every rank calls this after every gather with the same arguments, so all ranks keep
+        the same capacities (and evict the same keys)."""
+        wanted = _grow(largest) if wanted is None else wanted
         # Shrink only when far too large, so a short last batch does not cost a second round
         # at the start of the next epoch.
         if wanted > capacity or wanted * 4 < capacity:
@@ -374,7 +463,7 @@ def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
                     base: int) -> list[torch.Tensor]:
     """Every rank sent the same shapes: each leaf is a strided view of the gathered ``flat``
     buffer (``world`` rows of ``row_bytes``, leaf ``i`` at byte ``base + offsets[i]``),
-    copied once into its result."""
+    copied once into its result (which never shares memory with ``flat``)."""
     out = []
     for tensor, shape, offset in zip(leaves, shapes, offsets, strict=True):
         size, count = tensor.element_size(), math.prod(shape)
@@ -386,6 +475,8 @@ def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
             raw = flat.view(torch.uint8).as_strided((world, count * size), (row_bytes, 1), start)
             block = raw.contiguous().view(tensor.dtype)
         value = block.reshape((world * shape[0],) + shape[1:])
+        if shape[0] == 1:  # the reshape was a view of ``flat``, which a kept receive buffer
+            value = value.contiguous()  # reuses at the next gather: copy (a batch of one, 0-d)
         out.append(value if value.device == tensor.device else value.to(tensor.device))
     return out
 

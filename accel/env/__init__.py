@@ -39,6 +39,7 @@ from .process import (
     worker_environment,
     worker_ranks,
 )
+from .ps_layout import PsRole, format_ps_layout, parse_ps_layout, ps_role
 from .settings import (
     ACCEL_TABLE,
     ACCEL_VARIABLES,
@@ -62,6 +63,7 @@ __all__ = [
     "EnvSettings",
     "LaunchEnvironmentError",
     "LaunchInfo",
+    "PsRole",
     "accel_environment",
     "agent_environment",
     "agent_pid",
@@ -79,7 +81,10 @@ __all__ = [
     "log_level",
     "mlflow_variables",
     "patched",
+    "format_ps_layout",
+    "parse_ps_layout",
     "pjrt_device",
+    "ps_role",
     "read_settings",
     "rank_log_dir",
     "requested_layout",

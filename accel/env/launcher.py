@@ -14,9 +14,10 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._base import LaunchEnvironmentError, current, int_variable, optional_int
+from .ps_layout import ps_role
 
 __all__ = ["DEFAULT_PORT", "LaunchInfo", "detect_launch", "expand_nodelist"]
 
@@ -257,6 +258,19 @@ def _from_slurm(environ: Mapping[str, str]) -> LaunchInfo | None:
     return LaunchInfo("slurm", rank, local_rank, world, local_world, node_id, addr, port)
 
 
+def _ps_view(info: LaunchInfo, environ: Mapping[str, str]) -> LaunchInfo:
+    """In a parameter-server job (``accel launch --server_num``) the workers alone form the
+    process group (rank = worker index, world = workers) and a server is a process of its own;
+    the RPC layer (``accel.ps``) spans both with the torchrun ranks."""
+    role = ps_role(environ)
+    if role is None:
+        return info
+    if role.is_server:
+        return LaunchInfo("none", 0, 0, 1, 1, 0, info.master_addr, info.master_port)
+    return replace(info, rank=role.index, world_size=role.worker_num,
+                   local_rank=role.local_index, local_world_size=role.local_count)
+
+
 def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read this process's rank, world size and rendezvous address from the launcher.
 
@@ -267,7 +281,7 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     for reader in (_from_torchrun, _from_mpi, _from_slurm):
         info = reader(env)
         if info is not None:
-            return info
+            return _ps_view(info, env) if info.launcher == "torchrun" else info
     port = optional_int(env, "MASTER_PORT")
     return LaunchInfo("none", 0, 0, 1, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"),
                       port if port is not None else DEFAULT_PORT)

@@ -290,6 +290,9 @@ ACCEL_TABLE: tuple[AccelVariable, ...] = (
     AccelVariable("ACCEL_NUM_MACHINES", "machines requested (internal)", documented=False),
     AccelVariable("ACCEL_AGENT_PID", "pid of the launcher's agent; workers die with it "
                   "(internal)", documented=False),
+    AccelVariable("ACCEL_PS_LAYOUT", "parameter-server roles from `accel launch --server_num/"
+                  "--worker_num`: servers:workers per machine, read by accel.ps and "
+                  "detect_launch (internal)", documented=False),
     AccelVariable("ACCEL_RANK_LOG_DIR", "`accel launch --log_dir`: where each worker links "
                   "its log files as workerlog.<rank> (internal)", documented=False),
 )

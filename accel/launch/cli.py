@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -21,10 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .._parse import parse_float, parse_int
+from ..env.ps_layout import PS_LAYOUT_VARIABLE
 from ..env.settings import FSDP_VARIABLES
 from . import core
 from .config_file import ConfigFile, default_config_path, read_config
 from .errors import CLIError
+from .ps_launch import ps_flags
 from .refused import add_refused_flags, refusals
 
 __all__ = ["build_parser", "main"]
@@ -155,6 +158,12 @@ def _add_horovod_paddle_args(p: Any) -> None:
     _flag(p, "gpus", metavar="IDS", help="fleetrun's spelling of --gpu_ids")
     _flag(p, "ips", metavar="IP1,IP2", help="Paddle-style machine list: sets --num_machines, "
           "--main_process_ip (the first) and --machine_rank (this machine's position)")
+    _flag(p, "server_num", type=_positive, metavar="S", help="parameter-server job (accel.ps):"
+          " S servers, with --worker_num W workers (S + W processes, one rendezvous)")
+    _flag(p, "worker_num", type=_positive, metavar="W", help="workers of a parameter-server job")
+    _flag(p, "servers", metavar="HOST[:PORT],...", help="fleetrun's list: one server per entry, "
+          "on that host (with --workers; the hosts become the machines)")
+    _flag(p, "workers", metavar="HOST[:PORT],...", help="fleetrun's list: one worker per entry")
 
 
 def _add_fsdp_args(p: Any) -> None:
@@ -317,11 +326,13 @@ def _launch(args: argparse.Namespace) -> int:
 
     _check_target(args)
     config, config_note = _locate_config(args.config_file)
-    flags = {key: value for key, value in vars(args).items()
-             if key not in ("command", "refused_flags")}
+    flags, ps_layout, ps_sources = ps_flags({key: value for key, value in vars(args).items()
+                                 if key not in ("command", "refused_flags")}, _is_local_address)
     settings = resolve_settings(flags, None, config, gpu_count=core.gpu_count,
                                 cpu_count=cpu_count(), run_id=uuid.uuid4().hex,
                                 is_local_address=_is_local_address, free_port=_free_port)
+    if ps_sources:
+        settings = dataclasses.replace(settings, sources={**settings.sources, **ps_sources})
     if config is not None and config.ignored:
         print(f"accel launch: warning: config file {config.path}: ignoring keys accel does not "
               f"use: {', '.join(config.ignored)}", file=sys.stderr)
@@ -330,6 +341,11 @@ def _launch(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(settings_table(settings, config_note), file=sys.stderr, flush=True)
     env = worker_env(settings)
+    if ps_layout is not None:
+        env[PS_LAYOUT_VARIABLE] = ps_layout
+        if not args.quiet:
+            print(f"parameter server: servers:workers per machine {ps_layout} "
+                  f"({PS_LAYOUT_VARIABLE})", file=sys.stderr, flush=True)
     if settings.mpirun_hostfile is not None:
         from .mpirun import run_mpirun
 

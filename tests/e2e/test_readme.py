@@ -101,6 +101,9 @@ ELSEWHERE = {
     # a worker dies at step 7; the restarted group resumes from the last commit
     "accel launch --cpu -n 2 --max_restarts 1 examples/horovod_elastic.py --fail_at_step 7": (
         "tests/e2e/test_horovod_elastic.py", "test_the_elastic_example_survives_a_lost_worker"),
+    # a 1M-row table on a parameter server (smaller in the test), with its checkpoint shards
+    "accel launch --cpu --server_num 1 --worker_num 2 examples/ctr_parameter_server.py": (
+        "tests/e2e/test_ps.py", "test_ctr_example_runs_with_one_server_and_two_workers"),
     # converts a real Accelerate checkpoint (needs `accelerate`, in the test extra)
     "accel convert-checkpoint ACCELERATE_DIR OUT_DIR": (
         "tests/e2e/test_convert_checkpoint.py",
@@ -151,7 +154,7 @@ def test_setup_commands() -> None:
     assert "scikit-learn" in extras["examples"] and "transformers" in extras["transformers"]
     # the test command installs only `.[test]`: it must bring what every test needs
     needed = {"pytest", "pyyaml", "scikit-learn", "tensorboard", "nbclient", "ipykernel", "ruff",
-              "mypy", "wandb", "mlflow-skinny", "comet-ml", "aim", "pillow"}
+              "mypy", "wandb", "mlflow-skinny", "comet-ml", "aim", "pillow", "matplotlib"}
     have = {re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower() for req in extras["test"]}
     assert needed <= have, f"the test extra lacks {sorted(needed - have)}"
     listed = re.search(r"^Optional extras: (.*?)\n\n", readme(), re.MULTILINE | re.DOTALL)

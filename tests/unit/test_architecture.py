@@ -121,6 +121,12 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/big_modeling/*", "L6"),  # init_empty_weights, device maps, dispatch, offload
     ("accel/hooks.py", "L6"),  # Accelerate's accelerate.hooks module path
     ("accel/horovod/*", "L6"),  # import accel.horovod as hvd: horovod.torch on torch.distributed
+    # parameter servers (accel.ps): sparse tables on server processes over torch RPC; the
+    # sparse optimizers and the partition are plain torch (L3), the rest a front door (L6)
+    ("accel/ps/optimizers.py", "L3"),
+    ("accel/ps/partition.py", "L3"),
+    ("accel/ps/server.py", "L3"),
+    ("accel/ps/*", "L6"),
 ]
 ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6,
                          "api": 7}

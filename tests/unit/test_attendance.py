@@ -75,6 +75,52 @@ def test_every_rank_arrives_even_late(ranks: tuple[Attendance, Attendance]) -> N
     assert roll.everyone and joined[0].everyone and roll.number == joined[0].number
 
 
+def test_rolls_that_everyone_joined_leave_no_keys_behind(
+        ranks: tuple[Attendance, Attendance]) -> None:
+    # found by benchmarks/soak.py: a save every few steps added 2 keys to the job's store each
+    # time (the ``at`` place and the claim of rank 1's arrival), for the whole run
+    zero, one = ranks
+    store = zero.monitor.store
+    assert store is not None
+    counts = []
+    for index in range(6):
+        thread, joined = _in_thread(one.join, delay=0.05 * (index % 2))  # either one first
+        roll = zero.convene()
+        thread.join()
+        assert roll.everyone and joined[0].everyone and roll.number == joined[0].number
+        counts.append(store.num_keys())
+        for att in ranks:  # the save's collectives: both ranks pass a sync point
+            att.monitor.point()
+    assert len(set(counts[1:])) == 1, counts  # flat after the first roll (its own keys)
+
+
+def test_rolls_rank_0_did_alone_leave_no_keys_once_the_others_are_past(
+        ranks: tuple[Attendance, Attendance]) -> None:
+    # save_state under `if accelerator.is_main_process:` (diffusers): rank 1 never calls it
+    zero, one = ranks
+    store = zero.monitor.store
+    assert store is not None
+    counts = []
+    for _ in range(5):
+        one.monitor.mark()  # rank 1 took its next batch: it is past the place of the save
+        _published(one)
+        roll = zero.convene()
+        assert not roll.everyone and "went on" in roll.reason
+        zero.finish(roll, "/ckpt", None)
+        counts.append(store.num_keys())
+        zero.monitor.mark()
+    assert len(set(counts[1:])) == 1, counts
+    # a rank that is not past the place yet can still arrive late and hear the outcome
+    _published(one)
+    roll = zero.convene()  # level and silent: goes on alone after the level wait
+    zero.finish(roll, "/ckpt/late", None)
+    zero.monitor.mark()
+    _published(zero)
+    zero._forget_alone(store)  # what its next convene() does first: rank 1 is not past it
+    late = one.join()
+    assert late.late and one.outcome(late) == ("/ckpt/late", None)
+
+
 def test_a_rank_that_went_on_ends_the_wait_at_once(ranks: tuple[Attendance, Attendance]) -> None:
     zero, one = ranks
     one.monitor.mark()  # took its next batch

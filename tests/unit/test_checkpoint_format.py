@@ -16,6 +16,7 @@ from accel.checkpoint import (MANIFEST, CheckpointError, CheckpointReader, Check
                               latest_complete, load_component, load_tensors, new_token,
                               next_checkpoint_name, read_manifest, read_state, rotate,
                               temp_dir_for, verify, write_state, write_tensors)
+from accel.checkpoint.storage._io import PIECE
 
 
 def _save(target: Path, step: int = 1, world_size: int = 1) -> Path:
@@ -32,7 +33,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path: Path) -> None:
     ckpt = _save(tmp_path / "ckpt", step=5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # temp dir renamed away
     doc = json.loads((ckpt / MANIFEST).read_text())
-    assert doc["format_version"] == 1 and doc["step"] == 5 and doc["world_size"] == 1
+    assert doc["format_version"] == 2 and doc["step"] == 5 and doc["world_size"] == 1
     assert doc["accel_version"] == accel.__version__ and doc["torch_version"] == torch.__version__
     assert doc["meta"] == {"note": "test"} and doc["created"].endswith("+00:00")
     on_disk = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*")
@@ -42,7 +43,10 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path: Path) -> None:
         "rng/rank_0.json", "rng/rank_0.safetensors"]
     for rel, rec in doc["files"].items():
         data = (ckpt / rel).read_bytes()
-        assert rec == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        assert rec == {"size": len(data), "piece_size": PIECE,  # sha256 of the pieces' sha256s
+                       "sha256": hashlib.sha256(b"".join(
+                           hashlib.sha256(data[i:i + PIECE]).digest()
+                           for i in range(0, len(data), PIECE))).hexdigest()}
     manifest = verify(ckpt)
     assert manifest.step == 5 and is_complete(ckpt)
     assert read_state(ckpt, "optimizer")["state"][0]["step"].item() == 5

@@ -150,7 +150,7 @@ def _verify_file(root: Path, rel: str, manifest: Manifest) -> _Stamp:
     try:
         with open(path, "rb", buffering=0) as fh:
             before = _stamp(fh.fileno())
-            found = hash_open(fh)
+            found = hash_open(fh, manifest.files[rel].piece_size)
             after = _stamp(fh.fileno())
     except OSError as exc:
         raise CheckpointError(f"{path} is missing or unreadable: {exc}", path=path) from exc

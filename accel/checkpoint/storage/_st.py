@@ -19,8 +19,8 @@ import torch
 from ._io import Buffer
 from .errors import CheckpointError
 
-__all__ = ["ALIASES_KEY", "DTYPE_NAMES", "describe_foreign", "header_size", "parse",
-           "parse_header", "plan", "write"]
+__all__ = ["ALIASES_KEY", "DTYPE_NAMES", "describe_foreign", "entry_of", "header_size", "parse",
+           "parse_header", "plan", "with_aliases", "write"]
 
 ALIASES_KEY = "accel.aliases"
 _MAX_HEADER = 100 << 20
@@ -193,7 +193,10 @@ def parse_header(raw: Buffer | bytes, source: str) -> tuple[dict[str, Any], dict
     return header, metadata
 
 
-def _tensor(buf: Buffer, start: int, entry: Any, name: str, source: str) -> torch.Tensor:
+def entry_of(entry: Any, name: str, data_size: int, source: str
+             ) -> tuple[torch.dtype, list[int], int, int]:
+    """A header entry's (dtype, shape, begin, end), checked against ``data_size`` bytes of
+    tensor data (offsets are relative to the end of the header)."""
     try:
         dtype = _NAMES[entry["dtype"]]
         shape = [int(d) for d in entry["shape"]]
@@ -203,19 +206,38 @@ def _tensor(buf: Buffer, start: int, entry: Any, name: str, source: str) -> torc
     numel = 1
     for dim in shape:
         numel *= dim
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if min(shape, default=0) < 0 or end - begin != numel * itemsize or begin < 0 \
-            or start + end > len(buf):
+    if min(shape, default=0) < 0 or end - begin != numel * dtype.itemsize or begin < 0 \
+            or end > data_size:
         raise _invalid(source, f"entry {name!r} (dtype {entry['dtype']}, shape {shape}, "
-                       f"offsets {begin}..{end}) does not match the file's {len(buf)} bytes")
+                       f"offsets {begin}..{end}) does not match the file's {data_size} bytes "
+                       "of tensor data")
+    return dtype, shape, begin, end
+
+
+def _tensor(buf: Buffer, start: int, entry: Any, name: str, source: str) -> torch.Tensor:
+    dtype, shape, begin, end = entry_of(entry, name, len(buf) - start, source)
+    numel = (end - begin) // dtype.itemsize
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    if (start + begin) % itemsize == 0:  # zero-copy view of the read buffer
+    if (start + begin) % dtype.itemsize == 0:  # zero-copy view of the read buffer
         return torch.frombuffer(buf, dtype=dtype, count=numel, offset=start + begin).view(shape)
     raw = torch.frombuffer(buf, dtype=torch.uint8, count=end - begin, offset=start + begin)
     out = torch.empty(shape, dtype=dtype)
     out.reshape(-1).view(torch.uint8).copy_(raw)
     return out
+
+
+def with_aliases(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str], source: str
+                 ) -> dict[str, torch.Tensor]:
+    """``tensors`` with the tied-weight aliases that :func:`write` recorded restored."""
+    if ALIASES_KEY in metadata:
+        try:
+            aliases = json.loads(metadata[ALIASES_KEY])
+            for alias, target in aliases.items():
+                tensors[alias] = tensors[target]
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+            raise _invalid(source, f"bad {ALIASES_KEY} metadata ({exc!r})") from None
+    return tensors
 
 
 def parse(buf: Buffer, source: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -231,11 +253,4 @@ def parse(buf: Buffer, source: str) -> tuple[dict[str, torch.Tensor], dict[str, 
     if not isinstance(metadata, dict):
         raise _invalid(source, f"__metadata__ is a {type(metadata).__name__}, expected an object")
     tensors = {name: _tensor(buf, start, entry, name, source) for name, entry in header.items()}
-    if ALIASES_KEY in metadata:
-        try:
-            aliases = json.loads(metadata[ALIASES_KEY])
-            for alias, target in aliases.items():
-                tensors[alias] = tensors[target]
-        except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
-            raise _invalid(source, f"bad {ALIASES_KEY} metadata ({exc!r})") from None
-    return tensors, metadata
+    return with_aliases(tensors, metadata, source), metadata

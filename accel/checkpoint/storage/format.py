@@ -1,6 +1,8 @@
 """Write a checkpoint directory atomically: temporary sibling, fsynced files, manifest last, rename.
 
-A checkpoint is a directory whose ``manifest.json`` lists every file with its size and sha256.
+A checkpoint is a directory whose ``manifest.json`` lists every file with its size and sha256
+digest (format 2: of the file's 4 MiB pieces, see :class:`._io.FileRecord`; format 1, the sha256
+of the whole file, is still read).
 It is built under ``.tmp-<name>-<token>`` in the same parent (so the final rename is atomic),
 every file is fsynced, the manifest is written last, and only then is the directory renamed to
 its final name. A directory without a valid manifest is never a checkpoint.
@@ -47,7 +49,7 @@ __all__ = ["FORMAT_VERSION", "MANIFEST", "STATE_FORMAT", "CheckpointWriter", "Fi
            "write_json", "write_state", "write_tensors"]
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files hashed in pieces (FileRecord.piece_size); 1 still loads
 STATE_FORMAT = "accel.state"
 TEMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"

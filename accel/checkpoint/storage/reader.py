@@ -1,7 +1,11 @@
 """Read a checkpoint directory: manifest, completeness, verification and verified components.
 
-Every component is read once into memory while its sha256 is computed, compared with the
-manifest, and only then parsed with safetensors or JSON rules. Nothing here unpickles.
+Every component is read once into memory while its digest is computed, compared with the
+manifest, and only then handed out. Safetensors files are read straight into each tensor's own
+memory (their header is parsed first, to know where the bytes go: :mod:`._fill`), JSON files
+into one buffer that is parsed after the check; both read and hash the file's pieces on a pool
+of threads. Checkpoints whose manifest lists whole-file sha256s (format 1) load too. Nothing
+here unpickles.
 
 Example:
     >>> import tempfile, torch
@@ -25,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import _st
+from . import _fill, _st
 from ._io import Buffer, FileRecord, hash_file, read_hashed
 from .codec import decode
 from .errors import CheckpointError
@@ -130,7 +134,7 @@ def verify(directory: str | Path) -> Manifest:
     problems = []
     for rel, rec in manifest.files.items():
         try:
-            found = hash_file(manifest.path / rel)
+            found = hash_file(manifest.path / rel, rec.piece_size)
         except FileNotFoundError:
             problems.append(f"{rel}: missing")
             continue
@@ -146,16 +150,41 @@ def verify(directory: str | Path) -> Manifest:
     return manifest
 
 
-def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> Buffer:
-    manifest = manifest or read_manifest(directory)
-    path = directory / relpath
+def _record(directory: Path, relpath: str, manifest: Manifest) -> FileRecord:
     record = manifest.files.get(relpath)
     if record is None:
+        path = directory / relpath
         raise CheckpointError(
             f"{path} is not part of checkpoint {directory} (not listed in its {MANIFEST}; it lists "
             f"{sorted(manifest.files)}); was it saved with a different set of objects?", path=path)
+    return record
+
+
+_Tensors = tuple[dict[str, torch.Tensor], dict[str, str]]
+
+
+def _tensors_verified(directory: Path, relpath: str, manifest: Manifest) -> _Tensors:
+    """A listed safetensors file's verified tensors, read straight into their own memory
+    (:mod:`._fill`), or read whole, verified and parsed where that path does not apply."""
+    record = _record(directory, relpath, manifest)
+    path = directory / relpath
     try:
-        buf, sha = read_hashed(path)
+        done = _fill.read_tensors(path, record)
+    except FileNotFoundError:
+        done = None  # the generic path names the missing file
+    except OSError as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}", path=path) from exc
+    if done is not None:
+        return done
+    return _st.parse(_read_verified(directory, relpath, manifest), str(path))
+
+
+def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> Buffer:
+    manifest = manifest or read_manifest(directory)
+    path = directory / relpath
+    record = _record(directory, relpath, manifest)
+    try:
+        buf, sha = read_hashed(path, piece_size=record.piece_size)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing from checkpoint {directory} (listed in its "
                               f"{MANIFEST}); the checkpoint is damaged, load another one",
@@ -173,10 +202,11 @@ def _read_verified(directory: Path, relpath: str, manifest: Manifest | None) -> 
 class CheckpointReader:
     """Verified reads from one checkpoint; files named in ``prefetch`` are read in parallel.
 
-    Each file is read once into memory while its sha256 is computed, checked against the
-    manifest, then parsed. ``prefetch`` lists relpaths or state stems (``"optimizer"`` means
-    ``optimizer.json`` and ``optimizer.safetensors``) to start reading on ``workers`` threads
-    now; names the manifest lacks are skipped here and raise when accessed.
+    Each file is read once into memory while its digest is computed and checked against the
+    manifest before anything read from it is returned. ``prefetch`` lists relpaths or state
+    stems (``"optimizer"`` means ``optimizer.json`` and ``optimizer.safetensors``) to start
+    reading on ``workers`` threads now; names the manifest lacks are skipped here and raise
+    when accessed.
 
     Example:
         >>> import tempfile, torch
@@ -193,13 +223,18 @@ class CheckpointReader:
         self.directory = Path(directory)
         self.manifest = manifest or read_manifest(self.directory)
         self._futures: dict[str, Future[Buffer]] = {}
+        self._tensor_futures: dict[str, Future[_Tensors]] = {}
         files = list(dict.fromkeys(rel for name in prefetch for rel in self._expand(name)))
         if files:
             pool = ThreadPoolExecutor(min(max(1, workers), len(files)),
                                       thread_name_prefix="accel-ckpt-read")
             for rel in files:
-                self._futures[rel] = pool.submit(_read_verified, self.directory, rel,
-                                                 self.manifest)
+                if rel.endswith(".safetensors"):
+                    self._tensor_futures[rel] = pool.submit(_tensors_verified, self.directory,
+                                                            rel, self.manifest)
+                else:
+                    self._futures[rel] = pool.submit(_read_verified, self.directory, rel,
+                                                     self.manifest)
             pool.shutdown(wait=False)
 
     def _expand(self, name: str) -> list[str]:
@@ -216,7 +251,12 @@ class CheckpointReader:
 
     def tensors(self, relpath: str) -> dict[str, torch.Tensor]:
         """Verified tensors of a safetensors file, on CPU (tied aliases restored)."""
-        return _st.parse(self._buffer(relpath), str(self.directory / relpath))[0]
+        future = self._tensor_futures.pop(relpath, None)
+        if future is not None:
+            return future.result()[0]
+        if relpath in self._futures:  # prefetched whole (a name without the usual suffix)
+            return _st.parse(self._buffer(relpath), str(self.directory / relpath))[0]
+        return _tensors_verified(self.directory, relpath, self.manifest)[0]
 
     def json(self, relpath: str) -> Any:
         """Verified, parsed JSON file."""
