@@ -518,7 +518,9 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
     clear = free_memory
 
     def end_training(self) -> None:
-        """Finish trackers and end the process group accel started."""
+        """Wait for a ``save_state(blocking=False)`` in flight, finish trackers and end the
+        process group accel started."""
+        self._run.saves.wait()
         self._trackers.end_training()
         self.wait_for_everyone()
         self._rt.monitor.close()

@@ -87,7 +87,8 @@ class CheckpointingMixin:
         return handle
 
     def save_state(self, output_dir: str | None = None, total_limit: int | None = None,
-                   safe_serialization: bool = True, **unsupported: Any) -> str:
+                   safe_serialization: bool = True, *, blocking: bool = True,
+                   **unsupported: Any) -> str:
         """Save everything prepared or registered, atomically and without pickle.
 
         Models, optimizers, schedulers, the fp16 scaler, registered objects, each rank's RNG
@@ -99,6 +100,16 @@ class CheckpointingMixin:
         Without ``output_dir`` it writes ``<project_dir>/checkpoints/checkpoint_<n+1>`` and keeps
         at most ``total_limit`` (or ``ProjectConfiguration.total_limit``) complete checkpoints,
         never deleting the new one nor the one loaded last.
+
+        ``blocking=False`` (an accel extension; pass it on every rank) returns as soon as the
+        state is copied to host memory, so the next optimizer step may change the parameters
+        at once, and writes the checkpoint in the background, with the same atomicity: the
+        returned directory appears complete, or not at all (a crash leaves the previous
+        checkpoint the newest). The next ``save_state``, ``load_state``, ``end_training``,
+        :meth:`wait_for_checkpoint` and the normal end of the script wait for it, and raise its
+        error; rotation happens when it completes. Holds a host copy of the state until then.
+        Under ``if accelerator.is_main_process:`` it blocks (one warning); FSDP's
+        SHARDED_STATE_DICT is refused (save it blocking, or use FULL_STATE_DICT).
 
         Example:
             >>> import tempfile
@@ -113,10 +124,36 @@ class CheckpointingMixin:
         if not safe_serialization and self._rt.context.is_main_process:
             warnings.warn("save_state(safe_serialization=False) is ignored: accel checkpoints "
                           "are always safetensors + JSON (never pickle)", stacklevel=2)
-        project, rt = self._options.project, self._rt
-        return str(save_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
+        project, rt, run = self._options.project, self._rt, self._run
+        if not isinstance(blocking, bool):
+            raise TypeError(f"save_state(blocking=...) must be True or False, got {blocking!r}")
+        run.saves.wait()  # before the snapshot: a failure of the last save raises here
+        return str(save_run(rt.comm, run.snapshot(rt.precision, rt.strategy, rt.hardware),
                             output_dir, total_limit, project.project_dir, project.total_limit,
-                            rt.attendance))
+                            rt.attendance, blocking=blocking, background=run.saves))
+
+    def wait_for_checkpoint(self) -> str | None:
+        """Wait until the save a ``save_state(blocking=False)`` started is complete.
+
+        Returns the checkpoint's directory, or None when no save was in flight. The next
+        ``save_state``, ``load_state`` and ``end_training`` wait by themselves; call this
+        where the checkpoint must exist (before copying it elsewhere, or to see a failure
+        sooner). Call it on every rank, as ``save_state``.
+
+        Raises:
+            CheckpointError: the background part of the save failed (the cause is chained);
+                the previous complete checkpoint is still the newest.
+
+        Example:
+            >>> import tempfile
+            >>> from accel import Accelerator
+            >>> accelerator = Accelerator(cpu=True, project_dir=tempfile.mkdtemp())
+            >>> path = accelerator.save_state(blocking=False)
+            >>> accelerator.wait_for_checkpoint() == path
+            True
+        """
+        done = self._run.saves.wait()
+        return None if done is None else str(done)
 
     def load_state(self, input_dir: str | None = None, strict: bool = True,
                    missing_ok: bool = False) -> str | None:
@@ -139,6 +176,7 @@ class CheckpointingMixin:
             True
         """
         rt = self._rt
+        self._run.saves.wait()  # the newest checkpoint may be the one still being written
         loaded = load_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
                           input_dir, self._options.project.project_dir, strict, missing_ok)
         if loaded is None:

@@ -22,7 +22,14 @@ from typing import Any, Protocol
 from torch import nn
 
 from .accumulation import AccumulationState
-from .checkpoint.protocol import LoadHook, ModelStateIO, RunSnapshot, SaveHook, Stateful
+from .checkpoint.protocol import (
+    BackgroundSaves,
+    LoadHook,
+    ModelStateIO,
+    RunSnapshot,
+    SaveHook,
+    Stateful,
+)
 from .data import DataTracker, PreparedDataLoader
 from .device import Device
 
@@ -71,6 +78,8 @@ class RunState:
     #: the model on every rank), and the weak reference tells a reused id from the old object.
     replaced: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = field(
         default_factory=dict)
+    #: the save ``save_state(blocking=False)`` left finishing in the background (at most one)
+    saves: BackgroundSaves = field(default_factory=BackgroundSaves)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy goes to another process (a DataLoader worker started with spawn that captured
@@ -120,3 +129,4 @@ class RunState:
             registry.clear()
         self.prepared_ids.clear()
         self.replaced.clear()
+        self.saves.staging.clear()  # the host copies non-blocking saves reuse

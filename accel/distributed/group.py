@@ -152,12 +152,15 @@ def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
     dist.destroy_process_group(group)
 
 
-def new_subgroup(ranks: Sequence[int]) -> dist.ProcessGroup | None:
+def new_subgroup(ranks: Sequence[int], backend: str | None = None,
+                 timeout: timedelta | None = None) -> dist.ProcessGroup | None:
     """A process group of ``ranks`` (sorted, distinct) inside the running default group.
 
     Collective: every rank of the job must call it with the same ``ranks``, in the same order
     as its other group creations (torch's rule for ``new_group``). Returns the group on every
     rank (torch hands non-members a placeholder that must not be used for collectives).
+    ``backend`` (default: the default group's) and ``timeout`` (default: torch's) are passed on,
+    e.g. a ``"gloo"`` group of every rank for a background thread's CPU-side exchanges.
     """
     members = sorted(set(int(r) for r in ranks))
     if not (dist.is_available() and dist.is_initialized()):
@@ -167,7 +170,7 @@ def new_subgroup(ranks: Sequence[int]) -> dist.ProcessGroup | None:
     if not members or members[0] < 0 or members[-1] >= world:
         raise ValueError(f"process group ranks {list(ranks)} must be a non-empty list of ranks "
                          f"in 0..{world - 1}")
-    group: dist.ProcessGroup | None = dist.new_group(members)
+    group: dist.ProcessGroup | None = dist.new_group(members, timeout=timeout, backend=backend)
     return group
 
 

@@ -20,7 +20,7 @@ RECORDED = {"bench_step.py": (2, 4), "bench_import.py": (2, 3), "bench_launch.py
             "bench_horovod.py": (4, 4), "bench_horovod_elastic.py": (1, 1),
             "bench_big_model.py": (1, 2), "bench_fsdp.py": (8, 8), "bench_gpu.py": (1, 3),
             "bench_eval.py": (10, 10), "bench_checkpoint.py": (4, 4),
-            "bench_sharded_checkpoint.py": (0, 2)}
+            "bench_sharded_checkpoint.py": (0, 2), "bench_async_checkpoint.py": (2, 2)}
 
 
 def _run(*args: str, timeout: float = 300, results: Path | None = None
@@ -54,6 +54,7 @@ def _check_records(script: str, results: Path) -> None:
     ("bench_horovod.py", "hvd.DistributedOptimizer / DDP"),
     ("bench_horovod_elastic.py", "Wall time of hvd.elastic's commit"),
     ("bench_big_model.py", "Big-model inference"),
+    ("bench_async_checkpoint.py", "Time the training loop is blocked per save"),
 ])
 def test_cpu_benchmark_runs(script: str, title: str, tmp_path: Path) -> None:
     done = _run(str(BENCH / script), "--quick", "--no-accelerate",

@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+from .background import BackgroundSaves, host_copy
 from .load import load_run
 from .save import save_run
 from .snapshot import (
@@ -46,6 +47,6 @@ from .snapshot import (
     restored_loaders,
 )
 
-__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "ResumableLoader", "RunSnapshot", "SaveHook",
-           "Stateful", "check_registrable", "component_counts", "load_run", "restored_loaders",
-           "save_run"]
+__all__ = ["BackgroundSaves", "LoadHook", "LoadedRun", "ModelStateIO", "ResumableLoader",
+           "RunSnapshot", "SaveHook", "Stateful", "check_registrable", "component_counts",
+           "host_copy", "load_run", "restored_loaders", "save_run"]

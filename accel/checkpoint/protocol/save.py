@@ -27,6 +27,14 @@ warning. A rank that called ``save_state`` after rank 0 had gone on alone takes 
 Only for strategies whose full state dicts need no collective (single process, DDP, XLA): for a
 run whose state is sharded over every rank (FSDP) rank 0 raises a CheckpointError saying to call
 ``save_state`` on every process, and a rank that calls it late gets that error too.
+
+Non-blocking (``save_state(blocking=False)``): the same protocol, with the roll call, the
+planning and the state dicts' collectives in the foreground; every rank copies its state to
+host memory and queues its files; the ranks agree that all could (one collective, so a state
+that cannot be stored raises at the call on every rank); the record exchange, the manifest,
+the rename and the rotation run on a background thread over a separate gloo group (see
+:mod:`.background`). Atomicity is the blocking save's: until the rename there is only the
+temporary directory, which no reader takes for a checkpoint.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from __future__ import annotations
 import re
 import shutil
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +62,9 @@ from ..storage import (
     rotate,
     temp_dir_for,
 )
+from .background import BackgroundSaves
 from .sharded import FQN_LAYOUT, distributed_state, queue_distributed
-from .snapshot import RunSnapshot, component_counts
+from .snapshot import FileQueue, RunSnapshot, component_counts
 
 __all__ = ["save_run"]
 
@@ -86,30 +95,36 @@ def _model_weights(snap: RunSnapshot, rank: int, tmp: Path) -> list[dict[str, An
     return weights if rank == 0 else []
 
 
-def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) -> ShardedFiles:
+#: What the writer gets of a state: ``_on_cpu`` (a blocking save; CPU tensors as they are) or
+#: ``host_copy`` (a non-blocking one: a copy, since training goes on while it is written).
+ToHost = Callable[[Any], Any]
+
+
+def _queue_rank_files(writer: FileQueue, snap: RunSnapshot, rank: int,
+                      to_host: ToHost = _on_cpu) -> ShardedFiles:
     """Queue this rank's files; states are encoded now, files written by the writer's threads.
     Returns the DCP files this rank wrote itself (a run whose state lives in DTensors)."""
     sharded = ShardedFiles()
     if distributed_state(snap.model_io):  # every rank takes part in models and optimizers
-        sharded = queue_distributed(writer, snap, rank)
+        sharded = queue_distributed(writer, snap, rank, to_host)
     elif rank == 0:
         for i, state in enumerate(_model_weights(snap, rank, writer.tmpdir)):
-            writer.write_tensors(f"model_{i}.safetensors",
-                                 {k: v.detach().cpu() for k, v in state.items()})
+            writer.write_tensors(f"model_{i}.safetensors", to_host(dict(state)))
         for i, opt in enumerate(snap.optimizers):
-            writer.write_state(f"optimizer_{i}", _on_cpu(opt.state_dict()))
+            writer.write_state(f"optimizer_{i}", to_host(opt.state_dict()))
     else:
         _model_weights(snap, rank, writer.tmpdir)  # the hooks run on every rank
     if rank == 0:
         for i, sched in enumerate(snap.schedulers):
-            writer.write_state(f"scheduler_{i}", _on_cpu(sched.state_dict()))
+            writer.write_state(f"scheduler_{i}", to_host(sched.state_dict()))
         scaler = snap.scaler.state_dict()
         if scaler:
-            writer.write_state("scaler", _on_cpu(scaler))
+            writer.write_state("scaler", to_host(scaler))
         for i, obj in enumerate(snap.custom):
-            writer.write_state(f"custom_{i}", _on_cpu(obj.state_dict()))
-    writer.write_state(f"rank_{rank}/rng", rng.capture(snap.device))
-    writer.write_state(f"rank_{rank}/loaders", [loader.state_dict() for loader in snap.loaders])
+            writer.write_state(f"custom_{i}", to_host(obj.state_dict()))
+    writer.write_state(f"rank_{rank}/rng", to_host(rng.capture(snap.device)))
+    writer.write_state(f"rank_{rank}/loaders",
+                       to_host([loader.state_dict() for loader in snap.loaders]))
     return sharded
 
 
@@ -118,17 +133,65 @@ def _queue_rank_files(writer: CheckpointWriter, snap: RunSnapshot, rank: int) ->
 RankPart = tuple[dict[str, FileRecord], dict[str, str]]
 
 
-def _write_rank_files(target: Path, token: str, snap: RunSnapshot, rank: int) -> RankPart:
-    """This rank's files, written by threads so that one file's hashing and fsync overlap
-    another's writing (measured faster than one file after the other, for the same CPU time).
-    On failure the temporary directory is left to rank 0 (other ranks may still write there)."""
-    writer = CheckpointWriter(target, token)
-    try:
-        sharded = _queue_rank_files(writer, snap, rank)
-        records = writer.wait()  # returns only after every queued file is finished or failed
-        return {**records, **sharded.records}, sharded.headers
-    finally:
-        writer.close()
+class _Recorder:
+    """Records a rank's writes and hands them to the writer once every state is copied: the
+    writer's threads (hashing, writing, fsync) would otherwise compete with the copies for
+    cores and memory bandwidth while the training loop waits for them."""
+
+    def __init__(self, writer: CheckpointWriter) -> None:
+        self.writer, self.tmpdir = writer, writer.tmpdir
+        self.calls: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def write_tensors(self, relpath: str, tensors: dict[str, Any]) -> None:
+        self.calls.append((self.writer.write_tensors, (relpath, tensors)))
+
+    def write_state(self, stem: str, state: Any) -> None:
+        self.calls.append((self.writer.write_state, (stem, state)))
+
+    def replay(self) -> None:
+        """Queue the recorded files, last first: the small states (loader positions, RNG,
+        schedulers) are encoded before the threads writing the big ones (optimizer, models)
+        start taking turns with this thread for the GIL."""
+        for call, args in reversed(self.calls):
+            call(*args)
+
+
+class _RankFiles:
+    """This rank's files of one checkpoint, queued at construction (states encoded, tensors
+    handed to the writer) and written by the writer's threads, so that one file's hashing and
+    fsync overlap another's writing; :meth:`result` waits for them. An error is kept, not
+    raised: every rank reports its outcome, so that none is left waiting in a collective."""
+
+    def __init__(self, target: Path, token: str, snap: RunSnapshot, rank: int,
+                 to_host: ToHost = _on_cpu) -> None:
+        self.what = f"rank {rank} could not write its part of {target}"
+        self.writer: CheckpointWriter | None = None
+        self.sharded = ShardedFiles()
+        self.error: CheckpointError | None = None
+        try:
+            self.writer = CheckpointWriter(target, token)
+            if to_host is _on_cpu:
+                self.sharded = _queue_rank_files(self.writer, snap, rank, to_host)
+            else:  # copies: all of them first
+                recorder = _Recorder(self.writer)
+                self.sharded = _queue_rank_files(recorder, snap, rank, to_host)
+                recorder.replay()
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller
+            self.error = CheckpointError(f"{self.what}: {exc}")
+
+    def result(self) -> RankPart | CheckpointError:
+        """This rank's records once every queued file is written, or its error. On failure
+        the temporary directory is left to rank 0 (other ranks may still write there)."""
+        try:
+            if self.error is not None or self.writer is None:
+                return self.error or CheckpointError(self.what)
+            records = self.writer.wait()  # returns only after every file finished or failed
+            return {**records, **self.sharded.records}, self.sharded.headers
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller
+            return CheckpointError(f"{self.what}: {exc}")
+        finally:
+            if self.writer is not None:
+                self.writer.close()
 
 
 def _pick_target(output_dir: str | Path | None, root: Path | None) -> tuple[Path, str]:
@@ -142,21 +205,26 @@ def _pick_target(output_dir: str | Path | None, root: Path | None) -> tuple[Path
     return target, new_token()
 
 
-def _plan_target(comm: Communicator, output_dir: str | Path | None, root: Path | None
-                 ) -> tuple[Path, str]:
+def _plan_target(comm: Communicator, output_dir: str | Path | None, root: Path | None,
+                 blocking: bool = True) -> tuple[Path, str, bool]:
     """Rank 0 picks the directory (``output_dir``, else the next name under ``root``) and the
-    temp token; a failure there raises on every rank."""
-    plan: list[Any] = [None, None]
+    temp token, and its ``blocking`` holds on every rank (one warning on a rank that asked
+    otherwise: the ranks must take the same path); a failure there raises on every rank."""
+    plan: list[Any] = [None, None, blocking]
     if comm.ctx.is_main_process:
         try:
             target, token = _pick_target(output_dir, root)
-            plan = [str(target), token]
+            plan = [str(target), token, blocking]
         except CheckpointError as exc:  # sent to every rank so that none waits in a collective
-            plan = [exc, None]
-    target_s, token = comm.broadcast_object_list(plan)
+            plan = [exc, None, blocking]
+    target_s, token, agreed = comm.broadcast_object_list(plan)
     if isinstance(target_s, Exception):
         raise target_s
-    return Path(target_s), token
+    if agreed != blocking:
+        warnings.warn(f"rank {comm.ctx.rank}: save_state(blocking={blocking}) differs from the "
+                      f"main process's blocking={agreed}, which every rank follows; pass the "
+                      "same value on every rank", stacklevel=4)
+    return Path(target_s), token, bool(agreed)
 
 
 def _finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any],
@@ -245,10 +313,7 @@ def _save_alone(snap: RunSnapshot, roll: Roll, output_dir: str | Path | None, ro
                       "only", stacklevel=4)
     target, token = _pick_target(output_dir, root)
     tmp = temp_dir_for(target, token)
-    try:
-        records: Any = _write_rank_files(target, token, snap, 0)
-    except Exception as exc:  # noqa: BLE001 - raised below, after cleaning up
-        records = CheckpointError(f"rank 0 could not write {target}: {exc}")
+    records = _RankFiles(target, token, snap, 0).result()
     keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
     error = _finish_save(tmp, target, snap, [records], world_size, limit, keep,
                          absent=range(1, world_size))
@@ -293,9 +358,77 @@ def _main_alone(snap: RunSnapshot, roll: Roll, attendance: Attendance,
     return target
 
 
+def _rotation(output_dir: str | Path | None, total_limit: int | None,
+              project_dir: str | Path | None, project_total_limit: int | None
+              ) -> tuple[Path | None, int | None]:
+    """Where automatically named checkpoints go (None: ``output_dir`` is used, not rotated)
+    and how many of them are kept."""
+    if output_dir is not None:
+        return None, None
+    if project_dir is None:
+        raise ValueError("save_state() without output_dir needs Accelerator(project_dir="
+                         "...) (checkpoints go to <project_dir>/checkpoints/checkpoint_<n>)")
+    return checkpoints_root(project_dir), \
+        total_limit if total_limit is not None else project_total_limit
+
+
+def _seal(gather: Callable[[list[Any]], list[Any]], share: Callable[[list[Any]], list[Any]],
+          comm: Communicator, snap: RunSnapshot, target: Path, token: str, part: _RankFiles,
+          limit: int | None) -> Exception | None:
+    """Every rank: wait for this rank's files, ``gather`` the records; rank 0 writes the
+    manifest, renames and rotates; ``share`` its outcome. Returns the error every rank raises.
+
+    A blocking save passes the communicator's own collectives; a background save passes the
+    same exchanges on its gloo group (the training group is the training thread's)."""
+    ctx = comm.ctx
+    gathered = gather([part.result()])
+    outcome: list[Any] = [None]
+    if ctx.is_main_process:
+        keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
+        outcome = [_finish_save(temp_dir_for(target, token), target, snap, gathered,
+                                ctx.world_size, limit, keep)]
+    error: Exception | None = share(outcome)[0]
+    return error
+
+
+def _refuse_dcp(snap: RunSnapshot) -> None:
+    """Sharded (DCP) state is written by collectives that need the training group for the
+    whole write; the same on every rank, so every rank raises here."""
+    if distributed_state(snap.model_io) and getattr(snap.model_io, "sharded_state", False):
+        raise CheckpointError(
+            "save_state(blocking=False) cannot save FSDP's SHARDED_STATE_DICT: torch's DCP "
+            "writes the shards with collectives on the training process group; call "
+            "save_state() (blocking), or use StateDictType.FULL_STATE_DICT, whose state is "
+            "gathered in the foreground and written by the main process in the background")
+
+
+def _save_in_background(comm: Communicator, snap: RunSnapshot, target: Path, token: str,
+                        limit: int | None, background: BackgroundSaves) -> Path:
+    """Every rank: copy its state to host memory and queue its files (foreground, with every
+    collective of the state dicts), agree that all ranks could (a state that cannot be stored
+    raises now, on every rank), and leave the rest to the background thread."""
+    side = background.side_group(comm)  # collective the first time: every rank is here
+    part = _RankFiles(target, token, snap, comm.ctx.rank, background.host_copy)
+    if not all(comm.gather_object([part.error is None])):
+        error = _seal(comm.gather_object, comm.broadcast_object_list, comm, snap, target,
+                      token, part, limit)
+        raise error or CheckpointError(f"a rank could not queue its part of {target}")
+
+    def gather(obj: list[Any]) -> list[Any]:
+        return comm.gather_object(obj, group=side)
+
+    def share(outcome: list[Any]) -> list[Any]:
+        return gather(outcome)[:1]  # rank 0's
+
+    background.start(target, lambda: _seal(gather, share, comm, snap, target, token, part,
+                                           limit))
+    return target
+
+
 def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
              total_limit: int | None, project_dir: str | Path | None,
-             project_total_limit: int | None, attendance: Attendance | None = None) -> Path:
+             project_total_limit: int | None, attendance: Attendance | None = None, *,
+             blocking: bool = True, background: BackgroundSaves | None = None) -> Path:
     """Write a checkpoint of ``snap`` from every rank; returns its directory.
 
     Call it on every rank, or, given ``attendance``, on the main process only (then rank 0
@@ -306,37 +439,41 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     left waiting in a collective. Warnings point at the caller of the function that calls this
     one (the facade's ``save_state``).
 
+    ``blocking=False`` (every rank; given ``background``, which this call first waits on)
+    returns once this rank's state is copied to host memory and its files are queued; the
+    checkpoint appears, complete, when ``background`` finishes (see :mod:`.background`), and
+    an error there is raised by ``background.wait()``. On the main process alone it blocks (one
+    warning). FSDP's SHARDED_STATE_DICT is refused (its DCP write needs the training group).
+
     Raises:
         ValueError: neither ``output_dir`` nor ``project_dir`` was given.
-        CheckpointError: a rank could not write its part, or the checkpoint could not be sealed.
+        CheckpointError: a rank could not write its part, or the checkpoint could not be sealed
+            (or, first, the save ``background`` was finishing failed).
     """
+    if background is not None:
+        background.wait()  # one save in flight at most; its failure raises here
+    elif not blocking:
+        raise ValueError("save_run(blocking=False) needs background=BackgroundSaves() (the "
+                         "run's, which the next save and load wait for)")
     _warn_about(comm, snap, output_dir, total_limit)
-    root: Path | None = None  # set: an automatically named checkpoint, rotated
-    if output_dir is None:
-        if project_dir is None:
-            raise ValueError("save_state() without output_dir needs Accelerator(project_dir="
-                             "...) (checkpoints go to <project_dir>/checkpoints/checkpoint_<n>)")
-        root = checkpoints_root(project_dir)
-    limit = None if root is None else \
-        total_limit if total_limit is not None else project_total_limit
+    root, limit = _rotation(output_dir, total_limit, project_dir, project_total_limit)
     ctx = comm.ctx
     roll = _roll_call(comm, attendance)
     if not roll.everyone and attendance is not None:
         if not ctx.is_main_process:
             return _follow_main(comm, roll, attendance)
+        if not blocking and background is not None and background.once("alone"):
+            warnings.warn("save_state(blocking=False) on the main process alone (" + roll.reason
+                          + ") blocks: the background part needs every rank; call save_state() "
+                          "on every rank to save without blocking", stacklevel=3)
         return _main_alone(snap, roll, attendance, output_dir, root, limit, ctx.world_size)
-    target, token = _plan_target(comm, output_dir, root)
-    tmp = temp_dir_for(target, token)
-    try:
-        records: Any = _write_rank_files(target, token, snap, ctx.rank)
-    except Exception as exc:  # noqa: BLE001 - reported to every rank below, then re-raised
-        records = CheckpointError(f"rank {ctx.rank} could not write its part of {target}: {exc}")
-    gathered = comm.gather_object([records])
-    outcome: list[Any] = [None]
-    if ctx.is_main_process:
-        keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
-        outcome = [_finish_save(tmp, target, snap, gathered, ctx.world_size, limit, keep)]
-    error = comm.broadcast_object_list(outcome)[0]
+    target, token, blocking = _plan_target(comm, output_dir, root, blocking)
+    if not blocking and background is not None:
+        _refuse_dcp(snap)
+        return _save_in_background(comm, snap, target, token, limit, background)
+    part = _RankFiles(target, token, snap, ctx.rank)
+    error = _seal(comm.gather_object, comm.broadcast_object_list, comm, snap, target, token,
+                  part, limit)
     if error is not None:
         raise error
     return target

@@ -20,15 +20,15 @@ not import FSDP.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
 
 from ... import _tree
 from ..sharded.layout import ShardedFiles, has_shards, model_prefix
-from ..storage import CheckpointWriter, Manifest
-from .snapshot import ModelStateIO, RunSnapshot
+from ..storage import Manifest
+from .snapshot import FileQueue, ModelStateIO, RunSnapshot
 
 __all__ = ["FQN_LAYOUT", "distributed_state", "holds_shards", "load_model", "load_optimizer",
            "model_prefix", "queue_distributed", "sharded_headers", "state_module"]
@@ -56,13 +56,17 @@ def _on_cpu(state: Any) -> Any:
     return _tree.apply(lambda t: t.detach().cpu(), state)
 
 
-def queue_distributed(writer: CheckpointWriter, snap: RunSnapshot, rank: int) -> ShardedFiles:
+def queue_distributed(writer: FileQueue, snap: RunSnapshot, rank: int,
+                      to_host: Callable[[Any], Any] | None = None) -> ShardedFiles:
     """Every rank: write (DCP) or queue (rank 0) the models and optimizers; returns the DCP
     files this rank wrote. Save hooks get the models and, as under Accelerate's FSDP, the full
-    state dicts only with FULL_STATE_DICT (``[]`` when sharded: there is nothing to pop)."""
+    state dicts only with FULL_STATE_DICT (``[]`` when sharded: there is nothing to pop).
+    ``to_host`` turns a state into what the writer gets (default: its tensors on the CPU; a
+    non-blocking save passes a copy)."""
     from ..sharded import states
 
     io, tmp = snap.model_io, writer.tmpdir
+    to_host = to_host or _on_cpu
     models = list(snap.models)
     modules = [state_module(io, m) for m in models]
     files = ShardedFiles()
@@ -77,8 +81,7 @@ def queue_distributed(writer: CheckpointWriter, snap: RunSnapshot, rank: int) ->
             hook(models, weights, str(tmp))
         if rank == 0:
             for i, state in enumerate(weights):
-                writer.write_tensors(f"model_{i}.safetensors",
-                                     {k: v.detach().cpu() for k, v in state.items()})
+                writer.write_tensors(f"model_{i}.safetensors", to_host(dict(state)))
     for i, opt in enumerate(snap.optimizers):
         optim = states.torch_optimizer(opt)
         owner = states.owner_module(modules, optim)
@@ -87,7 +90,7 @@ def queue_distributed(writer: CheckpointWriter, snap: RunSnapshot, rank: int) ->
         else:
             doc = states.full_optimizer_state(owner, optim)
         if rank == 0:
-            writer.write_state(f"optimizer_{i}", _on_cpu(doc))
+            writer.write_state(f"optimizer_{i}", to_host(doc))
     return files
 
 

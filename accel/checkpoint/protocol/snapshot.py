@@ -19,8 +19,8 @@ from torch import nn
 
 from ...device import Device
 
-__all__ = ["LoadHook", "LoadedRun", "ModelStateIO", "ResumableLoader", "RunSnapshot", "SaveHook",
-           "Stateful", "check_registrable", "component_counts", "restored_loaders"]
+__all__ = ["FileQueue", "LoadHook", "LoadedRun", "ModelStateIO", "ResumableLoader", "RunSnapshot",
+           "SaveHook", "Stateful", "check_registrable", "component_counts", "restored_loaders"]
 
 #: ``hook(models, weights, output_dir)``, Accelerate's ``register_save_state_pre_hook``: called on
 #: every rank before the models are written; it may save models itself (into ``output_dir``,
@@ -29,6 +29,19 @@ SaveHook = Callable[[list[nn.Module], list[dict[str, torch.Tensor]], str], None]
 #: ``hook(models, input_dir)``, Accelerate's ``register_load_state_pre_hook``: called on every
 #: rank before the models are loaded; it may load models itself and pop them from ``models``.
 LoadHook = Callable[[list[nn.Module], str], None]
+
+
+class FileQueue(Protocol):
+    """Where a rank's files of one checkpoint are queued: a storage ``CheckpointWriter``, or
+    a recorder that hands the calls to one later (a non-blocking save copies every state
+    first, so that the writer's threads do not compete with the copies)."""
+
+    @property
+    def tmpdir(self) -> Path: ...
+
+    def write_tensors(self, relpath: str, tensors: dict[str, torch.Tensor]) -> None: ...
+
+    def write_state(self, stem: str, state: Any) -> None: ...
 
 
 @runtime_checkable
