@@ -33,6 +33,7 @@ bench_import.py             | {flags}  | --quick {flags}        |       # ~1.5 m
 bench_launch.py             | {flags}  | --quick {flags}        |       # ~1.5 min
 bench_checkpoint.py         | {flags}  | --quick {flags}        |       # ~0.5 min
 bench_sharded_checkpoint.py |          | --quick                |       # ~1 min
+bench_async_checkpoint.py   | {flags}  | --quick {flags}        |       # ~0.5 min
 bench_horovod.py            | {flags}  | --quick {flags}        |       # ~0.5 min
 bench_horovod_elastic.py    | {flags}  | --quick {flags}        |       # ~1 min
 bench_big_model.py          | {flags}  | --quick {flags}        |       # ~0.5 min
