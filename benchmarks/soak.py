@@ -14,8 +14,11 @@ After a warm-up, every ``--sample_every`` steps each rank samples:
 - ``py_objects``: objects tracked by Python's garbage collector.
 
 Per metric and rank it fits a least-squares line and prints its slope per 1000 steps next to
-plain PyTorch's, with a verdict: flat when the slope is under the stated threshold. Not in CI
-(``--quick`` only proves that it runs).
+plain PyTorch's, with a verdict: flat when the slope is under the stated threshold, or no more
+than that threshold above plain PyTorch's slope on the same rank (growth the plain loop shows
+too, such as the allocator's, is not accel's). The warm-up covers at least two saves and two
+evaluations, so that what a checkpoint or an evaluation keeps for the next one is in place
+before the first sample. Not in CI (``--quick`` only proves that it runs).
 
 Run:  python benchmarks/soak.py [--steps 5000] [--quick]
 """
@@ -236,20 +239,28 @@ def slopes(samples: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     return {name: 1000 * slope(xs, [m[name] for _, m in samples]) for name in THRESHOLDS}
 
 
+def _warmup(opts: argparse.Namespace) -> int:
+    """Steps before the first sample: a tenth of the run, and at least two saves and two
+    evaluations (plus one sampling period) so that the state they keep is in place."""
+    return max(1, opts.steps // 10,
+               2 * max(opts.save_every, opts.eval_every) + opts.sample_every)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--eval_every", type=int, default=100)
     parser.add_argument("--save_every", type=int, default=250)
     parser.add_argument("--sample_every", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=None, help="default: steps / 10")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="default: steps / 10, at least 2 saves and evaluations")
     parser.add_argument("--quick", action="store_true", help="300 steps: proves it runs")
     opts = parser.parse_args(argv)
     if opts.quick:
         opts.steps, opts.eval_every, opts.save_every, opts.sample_every = 300, 25, 50, 20
     args = {"steps": opts.steps, "eval_every": opts.eval_every, "save_every": opts.save_every,
             "sample_every": opts.sample_every,
-            "warmup": opts.warmup if opts.warmup is not None else max(1, opts.steps // 10)}
+            "warmup": opts.warmup if opts.warmup is not None else _warmup(opts)}
     print(f"Soak: {opts.steps} steps, 2 processes (gloo), gather_for_metrics every "
           f"{opts.eval_every}, save_state every {opts.save_every} (total_limit 2), samples "
           f"every {opts.sample_every} after step {args['warmup']}; accel and plain PyTorch "
@@ -271,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, limit in THRESHOLDS.items():
         ours = [s[name] for s in fitted["accel"]]
         base = [s[name] for s in fitted["torch"]]
-        verdict = "flat" if all(v < limit for v in ours) else "GROWS"
+        # growth the plain loop shows as much (the allocator's) is not accel's
+        grows = any(v >= max(limit, b + limit) for v, b in zip(ours, base, strict=True))
+        verdict = "GROWS" if grows else "flat"
         flat &= verdict == "flat"
         first = [results["accel"][r][0][1][name] for r in range(2)]
         last = [results["accel"][r][-1][1][name] for r in range(2)]
@@ -282,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                        unit=f"{name}/1000 steps",
                        note=f"flat below {limit:g}; {opts.steps} steps; verdict {verdict}")
     header = ["metric", "torch r0", "torch r1", "accel r0", "accel r1",
-              "accel first -> last (r0/r1)", "flat if", "accel"]
+              "accel first -> last (r0/r1)", "flat if below (or torch +)", "accel"]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print("Slope per 1000 steps (least squares over the samples after the warm-up)")
     for row in [header, *rows]:
