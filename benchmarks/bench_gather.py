@@ -140,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
                  columns))
     print(_common.machine_line())
     for clock in ("wall", "cpu"):
+        for case, times in results[clock].items():
+            aa = _common.ratio(_common.median(times[AA]), _common.median(times["torch"]))
+            _common.record("bench_gather", f"gather_for_metrics per batch, {case} ({clock})",
+                           accel=times["accel"], baseline=times["torch"],
+                           accelerate=times.get("accelerate"), target=TARGET,
+                           note=f"raw all_gather + cat; torch against itself {aa:.2f}")
+    for clock in ("wall", "cpu"):
         worst = max(_common.ratio(_common.median(t["accel"]), _common.median(t["torch"]))
                     for t in results[clock].values())
         spread = max(abs(_common.ratio(_common.median(t[AA]), _common.median(t["torch"])) - 1)

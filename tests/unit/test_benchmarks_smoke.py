@@ -19,7 +19,7 @@ BENCH = ROOT / "benchmarks"
 RECORDED = {"bench_step.py": (2, 4), "bench_import.py": (2, 3), "bench_launch.py": (1, 1),
             "bench_horovod.py": (4, 4), "bench_horovod_elastic.py": (1, 1),
             "bench_big_model.py": (1, 2), "bench_fsdp.py": (8, 8), "bench_gpu.py": (1, 3),
-            "bench_eval.py": (10, 10), "bench_checkpoint.py": (4, 4),
+            "bench_eval.py": (10, 10), "bench_checkpoint.py": (4, 4), "bench_gather.py": (6, 6),
             "bench_sharded_checkpoint.py": (0, 2), "bench_async_checkpoint.py": (2, 2)}
 
 
