@@ -32,19 +32,23 @@ def _rebuild_mapping(data: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
         return items
 
 
-def apply(fn: Callable[[torch.Tensor], Any], data: Any, strict: bool = False) -> Any:
+def apply(fn: Callable[[torch.Tensor], Any], data: Any, strict: bool = False,
+          other: Callable[[Any], Any] | None = None) -> Any:
     """Return ``data`` with ``fn`` applied to every tensor leaf (structure and types kept).
 
-    Non-tensor leaves are returned unchanged, or rejected with ``TypeError`` when ``strict``.
+    Non-tensor leaves are returned unchanged (or passed through ``other``), or rejected with
+    ``TypeError`` when ``strict``.
     """
     if isinstance(data, torch.Tensor):
         return fn(data)
     if is_namedtuple(data):
-        return type(data)(*(apply(fn, item, strict) for item in data))
+        return type(data)(*(apply(fn, item, strict, other) for item in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(apply(fn, item, strict) for item in data)
+        return type(data)(apply(fn, item, strict, other) for item in data)
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {k: apply(fn, v, strict) for k, v in data.items()})
+        return _rebuild_mapping(data, {k: apply(fn, v, strict, other) for k, v in data.items()})
+    if other is not None and not strict:
+        return other(data)
     if strict:
         raise TypeError(
             f"expected tensors or nested dict/list/tuple of tensors, found {type(data).__name__}; "

@@ -33,7 +33,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,33 +62,19 @@ def host_copy(state: Any, staging: HostStaging | None = None) -> Any:
         >>> copy["w"].tolist(), copy["n"], copy["tied"] is copy["w"]
         ([0.0, 0.0], 1, True)
     """
-    return _copy(state, staging or HostStaging(reuse=False), {})
+    staging = staging or HostStaging(reuse=False)
+    seen: dict[tuple[Any, ...], torch.Tensor] = {}
 
-
-def _copy(state: Any, staging: HostStaging, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
-    if isinstance(state, torch.Tensor):
-        tensor = state.detach()
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-               tuple(tensor.shape), tensor.stride(), tensor.dtype)
+    def tensor(state: torch.Tensor) -> torch.Tensor:
+        t = state.detach()
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+               t.stride(), t.dtype)
         if key not in seen:
-            seen[key] = staging.copy(tensor)
+            seen[key] = staging.copy(t)
         return seen[key]
-    if isinstance(state, np.ndarray):
-        return state.copy()
-    if _tree.is_namedtuple(state):
-        return type(state)(*(_copy(item, staging, seen) for item in state))
-    if isinstance(state, (list, tuple)):
-        return type(state)(_copy(item, staging, seen) for item in state)
-    if isinstance(state, Mapping):
-        items = {key: _copy(value, staging, seen) for key, value in state.items()}
-        if type(state) is dict:
-            return items
-        factory: Callable[[dict[Any, Any]], Any] = type(state)
-        try:
-            return factory(items)  # OrderedDict and the like
-        except TypeError:  # a mapping type that cannot be built from a dict
-            return items
-    return state
+
+    return _tree.apply(tensor, state,
+                       other=lambda value: value.copy() if isinstance(value, np.ndarray) else value)
 
 
 class HostStaging:

@@ -16,7 +16,6 @@ and parses them with :func:`._st.parse`, which also gives the precise error for 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from concurrent.futures import Future
 from pathlib import Path
@@ -48,15 +47,10 @@ def _plan(fd: int, size: int, source: str) -> tuple[bytearray, dict[str, Any], l
     if os.preadv(fd, [head], 0) != end:
         return None
     try:
-        header = json.loads(bytes(head[8:]).decode("utf-8"))
-        if not isinstance(header, dict):
-            return None
-        metadata = header.pop("__metadata__", None) or {}
-        if not isinstance(metadata, dict):
-            return None
+        header, metadata = _st.parse_header(head, source)
         entries = [(name, *_st.entry_of(entry, name, size - end, source))
                    for name, entry in header.items()]
-    except (UnicodeDecodeError, ValueError, CheckpointError, AttributeError):
+    except CheckpointError:  # the generic path gives the precise error
         return None
     pos = 0
     for *_name_dtype_shape, begin, stop in sorted(entries, key=lambda e: (e[3], e[4])):
