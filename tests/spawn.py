@@ -47,6 +47,22 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def finish_launch(proc: Any, timeout: float) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of an ``accel launch`` started with ``Popen(text=True)``
+    and piped output; killed, and the test failed, if it runs over ``timeout`` seconds."""
+    import subprocess
+
+    import pytest
+
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"accel launch did not finish in {timeout} s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

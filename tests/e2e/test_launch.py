@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.procscan import alive, with_marker
-from tests.spawn import clean_env
+from tests.spawn import clean_env, finish_launch
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 120
@@ -33,13 +33,7 @@ def launch(args: list[str], tmp_path: Path, cwd: Path | None = None,
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"accel launch did not finish in {TIMEOUT} s:\n{out}\n{err}")
-    return proc.returncode, out, err
+    return finish_launch(proc, TIMEOUT)
 
 
 def results(out: str) -> dict[int, dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.spawn import clean_env, free_port
+from tests.spawn import clean_env, finish_launch, free_port
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 180
@@ -28,13 +28,7 @@ def launch(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen[str]
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"accel launch did not finish in {TIMEOUT} s:\n{out}\n{err}")
-    return proc.returncode, out, err
+    return finish_launch(proc, TIMEOUT)
 
 
 def results(text: str) -> dict[int, dict[str, Any]]:

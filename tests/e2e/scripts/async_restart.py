@@ -22,22 +22,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accel.checkpoint.protocol.save as save_mod
 from accel import Accelerator, DataLoaderConfiguration
+from fail_restart import Progress  # this directory is on sys.path: the same job state
 
 EPOCHS = 3
 SAVE_EVERY = 4
-
-
-class Progress:
-    """The epoch and global step, saved with every checkpoint."""
-
-    def __init__(self) -> None:
-        self.epoch = self.step = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "step": self.step}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
 
 def _hold_background() -> None:
