@@ -33,9 +33,10 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["RESULTS_ENV", "Loop", "add_common_args", "format_seconds", "format_table",
-           "free_port", "has_accelerate", "interleave", "machine_line", "median", "python",
-           "ratio", "record", "run_workers", "spread", "spread_lines", "time_command"]
+__all__ = ["RESULTS_ENV", "Loop", "accelerators", "add_common_args", "format_seconds",
+           "format_table", "free_port", "has_accelerate", "interleave", "machine_line",
+           "median", "python", "ratio", "record", "run_workers", "spread", "spread_lines",
+           "time_command"]
 
 
 class Loop:
@@ -181,6 +182,20 @@ def add_common_args(parser: argparse.ArgumentParser, repeats: int) -> None:
                         help="tiny repeat counts: proves the script runs, figures mean nothing")
     parser.add_argument("--no-accelerate", action="store_true",
                         help="leave Hugging Face accelerate out even when it is installed")
+
+
+def accelerators(use_accelerate: bool) -> tuple[Any, Any]:
+    """accel's ``Accelerator(cpu=True)`` (it starts the gloo group every variant shares) and,
+    when asked, Hugging Face Accelerate's on the same group (else None)."""
+    from accel import Accelerator
+
+    ours = Accelerator(cpu=True)
+    theirs = None
+    if use_accelerate:
+        import accelerate
+
+        theirs = accelerate.Accelerator(cpu=True)
+    return ours, theirs
 
 
 # -- machine-readable results ----------------------------------------------------------------

@@ -131,15 +131,8 @@ def _worker(rank: int, cases: tuple[Case, ...], repeats: int, warmup: int,
     import torch
 
     torch.set_num_threads(1)
-    from accel import Accelerator
-
-    accel_acc = Accelerator(cpu=True)  # starts the gloo group that every variant shares
+    accel_acc, other = _common.accelerators(use_accelerate)
     world = accel_acc.num_processes
-    other = None
-    if use_accelerate:
-        import accelerate
-
-        other = accelerate.Accelerator(cpu=True)
     out: dict[str, dict[str, dict[str, list[float]]]] = {"wall": {}, "cpu": {}}
     for case in cases:
         variants = {"torch": _torch_variant(case, rank, world),
