@@ -7,6 +7,8 @@ the rows it holds in DIR.expected.safetensors.
 then the same checks on fresh tables, a save/train/load cycle, async and geo on a small
 synthetic CTR task, and an out-of-range id.
 ``ps_job.py drill-worker|drill-server``: a worker (or a server) kills itself mid-training.
+``ps_job.py lost-server``: the server kills itself mid-training and the worker reports the error
+its next pull raises (started without ``accel launch``, so that no agent stops the worker first).
 Each worker prints ``RESULT {json}`` lines for the test.
 """
 
@@ -273,8 +275,32 @@ def drill(kind: str) -> None:
     result(phase=kind, survived=True)
 
 
+def lost_server() -> None:
+    """The server dies mid-training; the worker's next pull must raise a ConnectionError that
+    names the server (the message a user reads when no agent stopped the worker first)."""
+    if ps.is_server():
+        threading.Thread(target=_die_once_trained, daemon=True).start()
+        ps.run_server()
+        return
+    table = ps.ShardedEmbedding(N, DIM, name="drill")
+    start, step = time.monotonic(), 0
+    try:
+        while time.monotonic() - start < 60:
+            table(torch.tensor([step % N])).sum().backward()
+            step += 1
+            time.sleep(0.02)
+        result(phase="lost-server", error="", steps=step)
+    except ConnectionError as exc:
+        result(phase="lost-server", error=str(exc), steps=step)
+    sys.stdout.flush()
+    os._exit(0)  # the servers are gone: stop_worker() at exit could only fail again
+
+
 def main() -> None:
     phase = sys.argv[1]
+    if phase == "lost-server":
+        lost_server()
+        return
     if phase.startswith("drill"):
         drill(phase)
         return
