@@ -129,15 +129,20 @@ class CollectiveMonitor:
             at half the timeout unless given explicitly).
         timeout: the process-group timeout, quoted in the report.
         stream: where reports go (default ``sys.stderr``).
-        attempt: the launcher's restart count; keys live under ``accel/a<attempt>/`` because a
-            restarted job may find the previous attempt's keys in the same store.
+        attempt: the launcher's restart count; keys live under ``accel/a<attempt>/m<n>/``
+            because a restarted job may find the previous attempt's keys in the same store, and
+            because a process may build several monitors (one per ``Accelerator``: a notebook
+            cell run again) whose threads outlive their use: ``n`` counts this rank's monitors
+            on the store, so the n-th monitor of every rank shares one namespace and an earlier
+            one (ended, or with other counts) never speaks for it. Every rank must therefore
+            build its monitors (its Accelerators) in the same order, as it runs the same script.
     """
 
     def __init__(self, rank: int, world_size: int, store: dist.Store | None,
                  threshold: float | None = None, timeout: timedelta | None = None,
                  stream: TextIO | None = None, attempt: int = 0) -> None:
         self.rank, self.world_size = rank, world_size
-        self._store = dist.PrefixStore(f"accel/a{attempt}/", store) if store is not None else None
+        self._store = _namespace(store, rank, attempt) if store is not None else None
         seconds = timeout.total_seconds() if timeout else None
         if threshold is None:
             threshold = DEFAULT_STALL_SECONDS if seconds is None else \
@@ -433,6 +438,13 @@ class CollectiveMonitor:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
+
+
+def _namespace(store: dist.Store, rank: int, attempt: int) -> dist.Store:
+    """The keys of this rank's next monitor in ``store``: ``accel/a<attempt>/m<n>/``, ``n``
+    counting this rank's monitors there (one store call, no collective)."""
+    number = dist.PrefixStore(f"accel/a{attempt}/", store).add(f"monitors/{rank}", 1)
+    return dist.PrefixStore(f"accel/a{attempt}/m{number}/", store)
 
 
 def read_progress(store: dist.Store, ranks: Sequence[int]) -> dict[int, Progress]:

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.spawn import run_workers
 
 LATE_SECONDS = 3.0  # rank 1 arrives this late at a save that every rank calls
+SECOND_LATE_SECONDS = 1.0  # ... and this late at the second Accelerator's save
 
 
 def _setup(rank: int) -> tuple[Any, ...]:
@@ -102,6 +103,16 @@ def _save_job(rank: int, root: str) -> dict[str, Any]:
     acc.wait_for_everyone()
     out["trained_on"] = _steps(acc, model, opt, it, sched, 1)
     acc.end_training()
+    # 4. a second Accelerator in the same process (a notebook cell run again): what the first
+    # one's monitor published (its end above) must not speak for the second; rank 1 comes late,
+    # so rank 0 reads rank 1's progress before rank 1 arrives
+    acc, model, opt, it, sched = _setup(rank)
+    _steps(acc, model, opt, it, sched, 1)
+    if rank == 1:
+        time.sleep(SECOND_LATE_SECONDS)
+    _, said, _ = _recorded(lambda: acc.save_state(f"{root}/second_accelerator"))
+    out["warnings"] += said
+    acc.end_training()
     return out
 
 
@@ -158,6 +169,18 @@ def test_late_rank_still_makes_a_full_collective_save(jobs: dict[str, Any]) -> N
     for saved, loaded in zip(jobs["saved"], jobs["loaded"], strict=True):
         np.testing.assert_array_equal(loaded["late_rng"], saved["late_rng"])  # each rank's own
         assert loaded["late_warnings"] == []
+
+
+def test_a_second_accelerator_in_the_process_still_saves_with_every_rank(
+        jobs: dict[str, Any]) -> None:
+    from accel.checkpoint import read_manifest
+
+    # without a namespace per Accelerator, rank 0 read the first Accelerator's "ended" as rank
+    # 1's progress, saved alone, and rank 1 came late (with a warning)
+    manifest = read_manifest(jobs["root"] / "second_accelerator")
+    assert "absent_rank_states" not in manifest.meta
+    assert {"rank_0/rng.json", "rank_1/rng.json"} <= set(manifest.files)
+    assert all(saved["warnings"] == [] for saved in jobs["saved"])
 
 
 def test_main_only_checkpoint_loads_with_one_warning_and_rank_1_trains_on(

@@ -190,3 +190,28 @@ def test_a_rank_calling_alone_is_told_so(ranks: tuple[Attendance, Attendance]) -
 def test_one_process_needs_no_store() -> None:
     att = Attendance(CollectiveMonitor(rank=0, world_size=1, store=None))
     assert att.convene().everyone and att.join().everyone
+
+
+def test_an_earlier_monitor_of_the_same_rank_never_speaks_for_a_later_one() -> None:
+    # a notebook cell run again builds a second Accelerator; the first one's monitor has ended
+    # (or lives on with other counts) and its thread still publishes: under one namespace rank
+    # 0 read "rank 1 ended" and saved alone
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30),
+                          wait_for_workers=False)
+    first = [CollectiveMonitor(r, 2, store, threshold=4.0) for r in (0, 1)]
+    for _ in range(3):
+        first[1].mark()
+    first[1].publish_progress()
+    first[1].close()  # publishes that rank 1's first monitor ended
+    second = [CollectiveMonitor(r, 2, store, threshold=4.0) for r in (0, 1)]
+    try:
+        zero, one = (Attendance(m, level_wait=LEVEL_WAIT) for m in second)
+        thread, joined = _in_thread(one.join, delay=LEVEL_WAIT / 2)  # rank 0 looks first
+        roll = zero.convene()
+        thread.join()
+        assert roll.everyone and roll.present == (1,) and joined[0].everyone, roll
+        stores = [m.store for m in first + second]
+        assert len({id(s) for s in stores}) == 4 and None not in stores
+    finally:
+        for monitor in first + second:
+            monitor.close()

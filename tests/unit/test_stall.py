@@ -94,9 +94,9 @@ def test_stalled_collective_is_reported_once_with_every_rank(store: dist.TCPStor
     assert f"ranks 0-1  waiting in #2 barrier at {os.path.relpath(__file__)}:{line}" in text, text
     assert "rank 2     no position published" in text, text
     assert "not there: rank 2 of 3" in text
-    positions = read_positions(dist.PrefixStore("accel/a2/", store), 3)
+    positions = read_positions(dist.PrefixStore("accel/a2/m1/", store), 3)
     assert [p.seq if p else None for p in positions] == [2, 2, None]
-    assert read_positions(dist.PrefixStore("accel/a0/", store), 3) == [None, None, None]
+    assert read_positions(dist.PrefixStore("accel/a0/m1/", store), 3) == [None, None, None]
 
 
 def test_no_report_below_the_threshold(store: dist.TCPStore) -> None:
@@ -176,7 +176,7 @@ def test_progress_is_published_by_the_watchdog_and_ends_with_exit(store: dist.TC
     from accel.distributed.stall import Progress, read_progress
 
     monitor = CollectiveMonitor(rank=1, world_size=2, store=store, threshold=0.4)
-    prefixed = dist.PrefixStore("accel/a0/", store)
+    prefixed = dist.PrefixStore("accel/a0/m1/", store)
     with monitor("barrier", ()):
         pass
     monitor.mark()
