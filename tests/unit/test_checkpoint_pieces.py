@@ -7,6 +7,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -224,12 +225,27 @@ def _child_saves_and_loads(root: str) -> None:
 
 
 def test_the_thread_pool_works_in_a_forked_child(tmp_path: Path, small_pieces: int) -> None:
-    _save(tmp_path / "parent")  # the parent's pool exists and has threads
+    _save(tmp_path / "parent")  # the parent read and hashed pieces on threads
     proc = mp.get_context("fork").Process(target=_child_saves_and_loads, args=(str(tmp_path),))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0  # a child that inherited a pool without threads would hang
     verify(tmp_path / "child")
+
+
+def _io_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("accel-ckpt-io")]
+
+
+def test_no_piece_thread_outlives_a_save_verify_or_load(tmp_path: Path,
+                                                        small_pieces: int) -> None:
+    # no module-level pool (DESIGN.md §3.2): each call's threads are joined before it returns
+    ckpt = _save(tmp_path / "ckpt")
+    verify(ckpt)
+    loaded = load_tensors(ckpt, "model.safetensors")
+    assert torch.equal(loaded["weight"], _tensors()["weight"])
+    assert _io.read_hashed(ckpt / "model.safetensors")[1]  # the whole-file path too
+    assert _io_threads() == []
 
 
 def test_header_parsing_helpers_validate_entries() -> None:

@@ -1,7 +1,7 @@
 """Read a listed safetensors file straight into its tensors' own memory, verified before use.
 
 The header is read and parsed first (to know where each tensor's bytes lie); then every piece
-of the file (see :class:`._io.FileRecord`) is read by the shared pool of threads straight into
+of the file (see :class:`._io.FileRecord`) is read by a pool of threads (one per file) straight into
 freshly allocated per-tensor storage, and hashed right after, while it is in the CPU cache. No
 tensor is handed out before the digest of every byte, the parsed header included, matched the
 manifest's. Per-tensor storage (like ``torch.load``'s) means no whole-file buffer: no extra
@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import _st
-from ._io import FileRecord, _combine, _results, _shared_pool
+from ._io import FileRecord, _combine, _results, piece_pool
 from .errors import CheckpointError
 
 __all__ = ["read_tensors"]
@@ -116,11 +115,11 @@ def read_tensors(path: Path, record: FileRecord) -> tuple[dict[str, torch.Tensor
                 runs.append((len(head) + begin, memoryview(raw), True))  # type: ignore[arg-type]
         pieces = _pieces(runs, record.piece_size)
         if len(pieces) == 1:
-            jobs: list[Future[bytes] | bytes] = [_read_and_hash(fd, pieces[0], source)]
+            digest = _combine([_read_and_hash(fd, pieces[0], source)])
         else:
-            pool = _shared_pool()
-            jobs = [pool.submit(_read_and_hash, fd, piece, source) for piece in pieces]
-        digest = _combine(_results(jobs))
+            with piece_pool(len(pieces)) as pool:
+                digest = _combine(_results(
+                    [pool.submit(_read_and_hash, fd, piece, source) for piece in pieces]))
     if digest != record.sha256:
         raise CheckpointError(
             f"{path} is corrupt: its {size} bytes have digest {digest[:16]}…, the manifest "

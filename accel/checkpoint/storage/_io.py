@@ -5,7 +5,7 @@ between the kernel and the tensor memory, and the sha256 is computed on cache-ho
 
 Files are hashed in pieces (:data:`PIECE` bytes each, the last one shorter): a record's digest
 is the sha256 of the concatenated sha256 digests of its pieces, recorded with ``piece_size``.
-When a file is read, its pieces are read *and* hashed by a shared pool of threads at once
+When a file is read, its pieces are read *and* hashed by a pool of threads at once
 (positional reads; hashlib and file I/O release the GIL), so loading one large file uses every
 core; when it is written, a helper thread hashes it while the caller writes.
 Records without ``piece_size`` (checkpoints written by earlier accel versions, manifest format
@@ -14,6 +14,7 @@ Records without ``piece_size`` (checkpoints written by earlier accel versions, m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import mmap
@@ -22,7 +23,7 @@ import queue
 import secrets
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
@@ -94,31 +95,19 @@ def _combine(digests: Sequence[bytes]) -> str:
     return hashlib.sha256(b"".join(digests)).hexdigest()
 
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
 def _workers() -> int:
     return max(2, min(_MAX_WORKERS, os.cpu_count() or 2))
 
 
-def _shared_pool() -> ThreadPoolExecutor:
-    """The process's piece I/O and hashing threads (created on first use, again after a fork:
-    a child inherits no threads)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="accel-ckpt-io")
-        return _pool
-
-
-def _forget_pool() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
+@contextlib.contextmanager
+def piece_pool(jobs: int) -> Iterator[ThreadPoolExecutor]:
+    """Threads for the ``jobs`` piece reads or hashes of one file, joined on exit: no thread
+    outlives the call or is shared between callers (no module-level pool, DESIGN.md §3.2; the
+    few thread starts cost well under a millisecond against the milliseconds a file of more
+    than one 4 MiB piece takes)."""
+    with ThreadPoolExecutor(max(1, min(_workers(), jobs)),
+                            thread_name_prefix="accel-ckpt-io") as pool:
+        yield pool
 
 
 def new_token() -> str:
@@ -304,7 +293,7 @@ def read_hashed(path: str | Path, *, hashing: bool = True, piece_size: int | Non
     :class:`FileRecord`: ``piece_size`` 0 is the sha256 of the whole file).
 
     The file is copied into memory (not mapped): a file changed or truncated later cannot change
-    or crash what was loaded. Pieces are read and hashed by the shared pool of threads at once
+    or crash what was loaded. Pieces are read and hashed by a pool of threads (one per call) at once
     (each piece hashed right after it was read, while it is in the CPU cache); ``piece_size`` 0
     reads sequentially and hashes on one helper thread.
 
@@ -322,11 +311,10 @@ def read_hashed(path: str | Path, *, hashing: bool = True, piece_size: int | Non
         args = [(fh.fileno(), view[i:i + step], i, hashing, str(path))
                 for i in range(0, size, step)]
         if len(args) <= 1:
-            jobs: list[Future[bytes] | bytes] = [_read_piece(*a) for a in args]
+            digests = [_read_piece(*a) for a in args]
         else:
-            pool = _shared_pool()
-            jobs = [pool.submit(_read_piece, *a) for a in args]
-        digests = _results(jobs)
+            with piece_pool(len(args)) as pool:
+                digests = _results([pool.submit(_read_piece, *a) for a in args])
     return buf, _combine(digests) if hashing else ""
 
 
@@ -363,24 +351,24 @@ def hash_open(fh: io.RawIOBase, piece_size: int | None = None) -> FileRecord:
     piece_size = PIECE if piece_size is None else piece_size
     if not piece_size or piece_size > _RING_PIECE_MAX:
         return _hash_sequential(fh, piece_size)
-    pool = _shared_pool()
     ring = [bytearray(piece_size) for _ in range(min(_workers() + 1, 4))]
     pending: deque[Future[bytes]] = deque()
     digests: list[bytes] = []
     size = 0
-    try:
-        for index in range(1 << 62):
-            if len(pending) == len(ring):  # the oldest piece's buffer is reused next
-                digests.append(pending.popleft().result())
-            view = memoryview(ring[index % len(ring)])
-            got = _fill(fh, view)
-            if got:
-                pending.append(pool.submit(_digest, view[:got]))
-                size += got
-            if got < piece_size:
-                break
-    finally:
-        wait_futures(pending)
+    with piece_pool(len(ring)) as pool:
+        try:
+            for index in range(1 << 62):
+                if len(pending) == len(ring):  # the oldest piece's buffer is reused next
+                    digests.append(pending.popleft().result())
+                view = memoryview(ring[index % len(ring)])
+                got = _fill(fh, view)
+                if got:
+                    pending.append(pool.submit(_digest, view[:got]))
+                    size += got
+                if got < piece_size:
+                    break
+        finally:
+            wait_futures(pending)
     digests.extend(job.result() for job in pending)
     return FileRecord(size, _combine(digests), piece_size)
 
