@@ -449,6 +449,15 @@ def size_problems(modules: Sources, max_module: int = 600, max_function: int = 6
     return problems
 
 
+def global_statements(modules: Sources) -> list[str]:
+    """``global`` statements: module-level state rebound by functions (DESIGN.md §3.2: state
+    lives in objects that are passed down; the few per-process holders are classes, named in
+    their module's docstring)."""
+    return [f"{rel}:{node.lineno} global {', '.join(node.names)}"
+            for rel, source in modules.values()
+            for node in ast.walk(ast.parse(source, filename=rel)) if isinstance(node, ast.Global)]
+
+
 # ------------------------------------------------------------------ the package obeys
 
 
@@ -522,6 +531,14 @@ def test_accelerator_init_only_connects() -> None:
 def test_modules_and_functions_are_small() -> None:
     problems = size_problems(MODULES)
     assert not problems, "DESIGN.md §3.1 sizes:\n" + "\n".join(problems)
+
+
+def test_no_module_level_state_rebound_with_global() -> None:
+    problems = global_statements(MODULES)
+    assert not problems, (
+        "DESIGN.md §3.2, no global state: keep it in an object the caller owns and passes "
+        "down (a pool per call, the Accelerator's runtime), not in a module variable:\n"
+        + "\n".join(problems))
 
 
 # ------------------------------------------------------------------ the checkers catch
@@ -645,6 +662,17 @@ def test_checker_catches_big_modules_and_long_functions() -> None:
                           "accel/ok.py": "def short():\n    return 1\n"})
     assert size_problems(modules) == ["accel/big.py: 601 lines (at most 600; split it by job)",
                                       "accel/big.py:1 long() is 61 lines (at most 60)"]
+
+
+def test_checker_catches_global_statements() -> None:
+    modules = _synthetic({"accel/pool.py": """
+        _pool = None
+
+        def shared():
+            global _pool
+            return _pool
+        """, "accel/ok.py": "def f():\n    x = 1\n    return x\n"})
+    assert global_statements(modules) == ["accel/pool.py:5 global _pool"]
 
 
 # ------------------------------------------------------------------ import cost and names
