@@ -39,7 +39,7 @@ from .process import (
     worker_environment,
     worker_ranks,
 )
-from .ps_layout import PsRole, format_ps_layout, parse_ps_layout, ps_role
+from .ps_layout import PsRole, format_ps_layout, parse_ps_layout, ps_role, rank_roles
 from .settings import (
     ACCEL_TABLE,
     ACCEL_VARIABLES,
@@ -85,6 +85,7 @@ __all__ = [
     "parse_ps_layout",
     "pjrt_device",
     "ps_role",
+    "rank_roles",
     "read_settings",
     "rank_log_dir",
     "requested_layout",

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from ._base import LaunchEnvironmentError, current, int_variable
 
-__all__ = ["PS_LAYOUT_VARIABLE", "PsRole", "format_ps_layout", "parse_ps_layout", "ps_role"]
+__all__ = ["PS_LAYOUT_VARIABLE", "PsRole", "format_ps_layout", "parse_ps_layout", "ps_role",
+           "rank_roles"]
 
 PS_LAYOUT_VARIABLE = "ACCEL_PS_LAYOUT"
 
@@ -124,3 +125,24 @@ def ps_role(environ: Mapping[str, str] | None = None) -> PsRole | None:
                       local, servers, node)
     return PsRole("worker", before_w + local - servers, total_s, total_w, rank,
                   total_s + total_w, local - servers, workers, node)
+
+
+def rank_roles(text: str) -> dict[int, str]:
+    """What each torchrun rank of a job with layout ``text`` is, for the launcher's report:
+    ``"parameter server i"`` or ``"worker j"`` (ranks run machine by machine, servers first on
+    each machine, as :func:`ps_role` numbers them).
+
+    Example:
+        >>> rank_roles("1:1,1:1")
+        {0: 'parameter server 0', 1: 'worker 0', 2: 'parameter server 1', 3: 'worker 1'}
+    """
+    roles: dict[int, str] = {}
+    servers = workers = 0
+    for machine_servers, machine_workers in parse_ps_layout(text):
+        for _ in range(machine_servers):
+            roles[len(roles)] = f"parameter server {servers}"
+            servers += 1
+        for _ in range(machine_workers):
+            roles[len(roles)] = f"worker {workers}"
+            workers += 1
+    return roles

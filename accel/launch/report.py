@@ -70,12 +70,13 @@ class Failure:
         text = self.message.lower()
         return any(pattern in text for pattern in _PEER_PATTERNS)
 
-    def summary(self) -> str:
+    def summary(self, role: str = "") -> str:
+        """``role``: what the rank is in the job (a parameter server, a worker), if anything."""
         what = self.signal_name or f"exit code {self.exitcode}"
         first = (self.message.strip().splitlines() or [""])[0]
         first = first if len(first) <= 120 else first[:117] + "..."
         detail = f": {first}" if self.traceback is not None else ""
-        return f"rank {self.rank} (pid {self.pid}, {what}{detail})"
+        return f"rank {self.rank} ({role + ', ' if role else ''}pid {self.pid}, {what}{detail})"
 
 
 def user_traceback(exc: BaseException, internal: Sequence[str] = ()) -> str:
@@ -154,15 +155,22 @@ def root_failure(failures: Sequence[Failure]) -> Failure:
     return min(failures, key=lambda f: (category(f), f.time_ns, f.rank))
 
 
-def format_failure_report(failures: Sequence[Failure], name: str = "") -> str:
-    """One ROOT CAUSE block (rank, host, pid, traceback) plus one line for the other ranks."""
+def format_failure_report(failures: Sequence[Failure], name: str = "",
+                          roles: Mapping[int, str] | None = None) -> str:
+    """One ROOT CAUSE block (rank, host, pid, traceback) plus one line for the other ranks.
+
+    ``roles``: what each rank is, by rank (a parameter-server job's servers and workers, see
+    :func:`accel.env.rank_roles`), named beside the rank.
+    """
     if not failures:
         raise ValueError("format_failure_report() needs at least one failure")
+    roles = roles or {}
     root = root_failure(failures)
     what = root.signal_name or f"exit code {root.exitcode}"
+    role = f", {roles[root.rank]}" if root.rank in roles else ""
     lines = [_RULE,
-             f"ROOT CAUSE: rank {root.rank} (local rank {root.local_rank}) on host {root.host}, "
-             f"pid {root.pid}, {what}", "-" * len(_RULE)]
+             f"ROOT CAUSE: rank {root.rank} (local rank {root.local_rank}{role}) on host "
+             f"{root.host}, pid {root.pid}, {what}", "-" * len(_RULE)]
     if root.traceback is not None:
         lines.append(root.traceback.rstrip("\n"))
     else:
@@ -176,7 +184,7 @@ def format_failure_report(failures: Sequence[Failure], name: str = "") -> str:
     others = sorted((f for f in failures if f is not root), key=lambda f: f.rank)
     if others:
         lines.append(f"{len(others)} other rank(s) stopped as a consequence: "
-                     + "; ".join(f.summary() for f in others))
+                     + "; ".join(f.summary(roles.get(f.rank, "")) for f in others))
     if name:
         lines.append(f"{name} failed; see the ROOT CAUSE above")
     return "\n".join(lines)

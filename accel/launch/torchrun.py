@@ -27,7 +27,8 @@ import sys
 from collections.abc import Mapping
 from types import FrameType
 
-from ..env import agent_environment, apply
+from ..env import agent_environment, apply, rank_roles
+from ..env.ps_layout import PS_LAYOUT_VARIABLE
 from .core import Rendezvous, WorkerSpec, extract_failures
 from .errors import CLIError
 from .procs import become_subreaper, reap_children
@@ -109,9 +110,10 @@ def worker_env(settings: LaunchSettings) -> dict[str, str]:
 class _RestartNotice(logging.Filter):
     """Say so when the agent restarts the workers (torchelastic logs it at INFO only)."""
 
-    def __init__(self, debug: bool) -> None:
+    def __init__(self, debug: bool, roles: Mapping[int, str] | None = None) -> None:
         super().__init__()
         self.debug = debug
+        self.roles = roles
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
@@ -119,7 +121,8 @@ class _RestartNotice(logging.Filter):
             _, state, left, total = args
             failed = _failed_attempt()
             if failed:
-                print(format_failure_report(failed), file=sys.stderr, flush=True)
+                print(format_failure_report(failed, roles=self.roles), file=sys.stderr,
+                      flush=True)
             print(f"accel launch: restarting all workers after the failure above, restart "
                   f"{int(str(total)) - int(str(left)) + 1} of {total} (--max_restarts; state "
                   f"{state})",
@@ -144,14 +147,15 @@ def _failed_attempt() -> list[Failure]:
     return []
 
 
-def _quiet_torch_logs(debug: bool) -> None:
+def _quiet_torch_logs(debug: bool, roles: Mapping[int, str] | None) -> None:
     # torchelastic logs every failed worker at ERROR level; our report replaces those lines.
     level = logging.INFO if debug else logging.CRITICAL
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(level)
     agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
     agent.setLevel(logging.INFO)  # the filter keeps WARNING and up (everything with --debug)
-    if not any(isinstance(f, _RestartNotice) for f in agent.filters):
-        agent.addFilter(_RestartNotice(debug))
+    for old in [f for f in agent.filters if isinstance(f, _RestartNotice)]:
+        agent.removeFilter(old)  # a launch before this one in the process (another job)
+    agent.addFilter(_RestartNotice(debug, roles))
 
 
 def _require_numa_binding() -> None:
@@ -183,14 +187,16 @@ def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -
     if "--numa-binding" in argv:
         _require_numa_binding()
     apply({**env, **agent_environment(os.getpid())})  # the agent's workers inherit them
-    _quiet_torch_logs(debug)
+    layout = env.get(PS_LAYOUT_VARIABLE)
+    roles = rank_roles(layout) if layout else None  # servers and workers, named in reports
+    _quiet_torch_logs(debug, roles)
     become_subreaper()
     try:
         torchrun.run(torchrun.parse_args(argv))
         return 0
     except ChildFailedError as exc:
         failures = extract_failures(exc.failures)
-        print(format_failure_report(failures), file=sys.stderr, flush=True)
+        print(format_failure_report(failures, roles=roles), file=sys.stderr, flush=True)
         code = root_failure(failures).exitcode
         return code if 0 < code < 256 else 1
     except SignalException as exc:

@@ -91,10 +91,11 @@ def test_a_killed_worker_or_server_ends_the_job_with_its_root_cause(tmp_path: Pa
                                     str(SCRIPTS / "ps_job.py"), kind], tmp_path))
     assert code != 0
     assert "survived" not in out  # nobody trained on after the loss
-    # the root cause is the killed process: worker 1 is rank 2 (servers come first), server 0
-    # is rank 0
-    rank = 2 if kind == "drill-worker" else 0
-    assert re.search(rf"ROOT CAUSE: rank {rank} \(local rank {rank}\).*SIGKILL", err), err
+    # the root cause is the killed process, named with its role: worker 1 is rank 2 (servers
+    # come first), server 0 is rank 0
+    rank, role = (2, "worker 1") if kind == "drill-worker" else (0, "parameter server 0")
+    assert re.search(rf"ROOT CAUSE: rank {rank} \(local rank {rank}, {role}\).*SIGKILL",
+                     err), err
     if kind == "drill-server":
         # each worker either was stopped by the agent (it polls every 0.1 s, so it often wins
         # the race), or failed first naming the server it lost, or lost the other worker in a

@@ -314,6 +314,21 @@ def test_root_cause_is_the_real_error_not_the_peer_loss() -> None:
     assert "ROOT CAUSE: rank 3" in only and "SIGKILL" in only and "no Python traceback" in only
 
 
+def test_a_parameter_server_jobs_report_names_each_ranks_role() -> None:
+    from accel.env import rank_roles
+
+    roles = rank_roles("1:2")  # what accel launch --server_num 1 --worker_num 2 exports
+    server = Failure(0, 0, 5, -9, "h", "killed by SIGKILL")
+    workers = [Failure(r, r, 5 + r, -15, "h", "killed by SIGTERM") for r in (1, 2)]
+    text = format_failure_report([server, *workers], roles=roles)
+    assert "ROOT CAUSE: rank 0 (local rank 0, parameter server 0) on host h, pid 5" in text
+    assert text.splitlines()[-1].endswith("rank 1 (worker 0, pid 6, SIGTERM); "
+                                          "rank 2 (worker 1, pid 7, SIGTERM)")
+    assert rank_roles("1:1,2:1") == {0: "parameter server 0", 1: "worker 0",
+                                     2: "parameter server 1", 3: "parameter server 2",
+                                     4: "worker 1"}
+
+
 # ---------------------------------------------------------------- help stays torch-free
 def test_help_does_not_import_torch() -> None:
     code = textwrap.dedent("""\
