@@ -130,11 +130,10 @@ def start_process_group(
     kwargs: _GroupOptions = {}  # only what is set, so torch's defaults stand for the rest
     if backend == "nccl":
         kwargs["device_id"] = ctx.device
-    store = _attempt_store(info, ctx.world_size, timeout) if init_method == "env://" else None
-    if store is not None:
-        kwargs["store"] = store
+    if backend == "xla":
+        kwargs["init_method"] = init_method  # PJRT's own rendezvous, no store
     else:
-        kwargs["init_method"] = init_method
+        kwargs["store"] = _group_store(init_method, info, ctx.rank, ctx.world_size, timeout)
     dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size,
                             timeout=timeout, **kwargs)
     return ProcessGroupHandle(True, backend, timeout)
@@ -178,6 +177,27 @@ class _GroupOptions(TypedDict, total=False):
     init_method: str
     store: dist.Store
     device_id: torch.device
+
+
+def _group_store(init_method: str, info: LaunchInfo, rank: int, world_size: int,
+                 timeout: timedelta) -> dist.Store:
+    """The store of a new default group: the rendezvous's (the agent's own after a torchrun
+    restart, see :func:`_attempt_store`), under a key prefix per group this rank started on it.
+
+    torch gives every default group the same keys in its store, so a group started after
+    another was destroyed in the same job (an ``Accelerator`` built again after
+    ``end_training()``) could read the old group's gloo addresses and fail with "connection
+    refused", or hang in gloo's connectFullMesh. The n-th group of every rank gets
+    ``accel/g<n>``: every rank starts its groups in the same order, and a store that is new
+    (rank 0's, started afresh) counts from 1 again, with no old keys to read.
+    """
+    base = _attempt_store(info, world_size, timeout) if init_method == "env://" else None
+    if base is None:
+        base, _rank, _world = next(dist.rendezvous(init_method, rank, world_size,
+                                                   timeout=timeout))
+    base.set_timeout(timeout)
+    number = base.add(f"accel/groups/{rank}", 1)
+    return dist.PrefixStore(f"accel/g{number}", base)
 
 
 def _attempt_store(info: LaunchInfo, world_size: int, timeout: timedelta) -> dist.Store | None:

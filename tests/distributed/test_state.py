@@ -62,7 +62,29 @@ def _worker(rank: int, tmp: str) -> dict[str, Any]:
     out["kept"] = dist.is_initialized()
     state.destroy_process_group()
     out["destroyed"] = not dist.is_initialized()
+    out["again"] = _built_again(rank)
     return out
+
+
+def _built_again(rank: int) -> list[Any]:
+    """Accelerators built one after another in the job, each ended with end_training() (which
+    destroys the group it started); rank 0 comes late each time, so rank 1 looks up rank 0's
+    address before rank 0 published the new one: it must not find the old group's."""
+    import torch
+    import torch.distributed as dist
+
+    from accel import Accelerator
+
+    rounds = []
+    for step in range(3):
+        if rank == 0:
+            time.sleep(0.5)
+        accelerator = Accelerator(cpu=True)
+        owned = accelerator._rt.group.owned
+        gathered = accelerator.gather(torch.tensor([rank + 10 * step])).tolist()
+        accelerator.end_training()
+        rounds.append((owned, gathered, dist.is_initialized()))
+    return rounds
 
 
 def test_partial_state_and_accelerator_state_on_two_ranks(tmp_path: Path) -> None:
@@ -71,6 +93,9 @@ def test_partial_state_and_accelerator_state_on_two_ranks(tmp_path: Path) -> Non
         assert out["started"] and out["agree"] and out["adopted"], (rank, out)
         assert out["mixed"] == "bf16" and out["gathered"] == [0, 1]
         assert out["kept"] and out["destroyed"], (rank, out)
+        # a group started after another was destroyed reads none of the old group's keys
+        assert out["again"] == [(True, [0, 1], False), (True, [10, 11], False),
+                                (True, [20, 21], False)], (rank, out["again"])
         assert out["acc_first"] == (None if rank == 0 else True)
         for view in ("partial", "acc_state"):
             got = out[view]
