@@ -10,7 +10,6 @@ parameters (exact float reprs), where it resumed from and what the checkpoint fo
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -18,11 +17,9 @@ import threading
 import time
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from fail_restart import prepared_run, report  # this directory is on sys.path: the same job
 
 import accel.checkpoint.protocol.save as save_mod
-from accel import Accelerator, DataLoaderConfiguration
-from fail_restart import Progress  # this directory is on sys.path: the same job state
 
 EPOCHS = 3
 SAVE_EVERY = 4
@@ -40,17 +37,7 @@ def _hold_background() -> None:
 def main() -> None:
     project, mode, die_in = sys.argv[1], sys.argv[2], int(sys.argv[3])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    torch.manual_seed(0)
-    x = torch.randn(48, 4)
-    data = TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]))
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    accelerator = Accelerator(cpu=True, project_dir=project, dataloader_config=(
-        DataLoaderConfiguration(use_stateful_dataloader=True)))
-    model, optimizer, loader = accelerator.prepare(
-        model, optimizer, DataLoader(data, batch_size=4, shuffle=True))
-    progress = Progress()
-    accelerator.register_for_checkpointing(progress)
+    accelerator, model, optimizer, loader, progress = prepared_run(project)
     root = os.path.join(project, "checkpoints")
     found = sorted(os.listdir(root)) if os.path.isdir(root) else []
     resumed = accelerator.load_state(missing_ok=True)
@@ -73,12 +60,8 @@ def main() -> None:
                 time.sleep(0.5)  # the writer's threads write this rank's files meanwhile
                 os.kill(os.getpid(), signal.SIGKILL)
         progress.epoch += 1
-    params = [repr(v) for p in accelerator.unwrap_model(model).parameters()
-              for v in p.detach().reshape(-1).tolist()]
-    if accelerator.is_main_process:
-        print("RESULT " + json.dumps({"attempt": attempt, "steps": progress.step,
-                                      "resumed": os.path.basename(resumed or ""),
-                                      "found": found, "params": params}), flush=True)
+    report(accelerator, model, progress, attempt=attempt,
+           resumed=os.path.basename(resumed or ""), found=found)
     accelerator.end_training()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -34,20 +35,37 @@ class Progress:
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
 
-def main() -> None:
-    project, crash_step = sys.argv[1], int(sys.argv[2])
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+def prepared_run(project: str) -> tuple[Any, Any, Any, Any, Progress]:
+    """The job: a small regression with Adam, a stateful loader (resume mid-epoch exactly) and
+    ``Progress`` registered for checkpointing; the same on every attempt."""
     torch.manual_seed(0)
     x = torch.randn(48, 4)
     data = TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]))
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     accelerator = Accelerator(cpu=True, project_dir=project, dataloader_config=(
-        DataLoaderConfiguration(use_stateful_dataloader=True)))  # resume mid-epoch exactly
+        DataLoaderConfiguration(use_stateful_dataloader=True)))
     model, optimizer, loader = accelerator.prepare(
         model, optimizer, DataLoader(data, batch_size=4, shuffle=True))
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
+    return accelerator, model, optimizer, loader, progress
+
+
+def report(accelerator: Any, model: Any, progress: Progress, **fields: Any) -> None:
+    """Rank 0 prints ``RESULT {...}``: ``fields``, the steps and the final parameters (exact
+    float reprs)."""
+    params = [repr(v) for p in accelerator.unwrap_model(model).parameters()
+              for v in p.detach().reshape(-1).tolist()]
+    if accelerator.is_main_process:
+        print("RESULT " + json.dumps({**fields, "steps": progress.step, "params": params}),
+              flush=True)
+
+
+def main() -> None:
+    project, crash_step = sys.argv[1], int(sys.argv[2])
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    accelerator, model, optimizer, loader, progress = prepared_run(project)
     resumed = accelerator.load_state(missing_ok=True)  # the one line that makes restarts resume
     while progress.epoch < EPOCHS:
         for xb, yb in loader:
@@ -61,12 +79,8 @@ def main() -> None:
             if progress.step % SAVE_EVERY == 0:
                 accelerator.save_state(total_limit=2)
         progress.epoch += 1
-    params = [repr(v) for p in accelerator.unwrap_model(model).parameters()
-              for v in p.detach().reshape(-1).tolist()]
-    if accelerator.is_main_process:
-        print("RESULT " + json.dumps({"attempt": attempt, "steps": progress.step,
-                                      "resumed": os.path.basename(resumed or ""),
-                                      "params": params}), flush=True)
+    report(accelerator, model, progress, attempt=attempt,
+           resumed=os.path.basename(resumed or ""))
     accelerator.end_training()
 
 
