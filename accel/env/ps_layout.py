@@ -137,12 +137,11 @@ def rank_roles(text: str) -> dict[int, str]:
         {0: 'parameter server 0', 1: 'worker 0', 2: 'parameter server 1', 3: 'worker 1'}
     """
     roles: dict[int, str] = {}
-    servers = workers = 0
-    for machine_servers, machine_workers in parse_ps_layout(text):
-        for _ in range(machine_servers):
-            roles[len(roles)] = f"parameter server {servers}"
-            servers += 1
-        for _ in range(machine_workers):
-            roles[len(roles)] = f"worker {workers}"
-            workers += 1
+    for machine, (servers, workers) in enumerate(parse_ps_layout(text)):
+        for local in range(servers + workers):  # each rank numbered as it numbers itself
+            role = ps_role({PS_LAYOUT_VARIABLE: text, "RANK": str(len(roles)),
+                            "GROUP_RANK": str(machine), "LOCAL_RANK": str(local)})
+            assert role is not None  # the layout is set
+            name = "parameter server" if role.is_server else "worker"
+            roles[len(roles)] = f"{name} {role.index}"
     return roles
