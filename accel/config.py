@@ -302,6 +302,15 @@ class DataLoaderConfiguration:
       without it ``load_state`` leaves the generator as it is (as Accelerate does).
     - ``data_seed``: the shuffle seed with ``use_seedable_sampler=True`` (and the workers'
       seeds); by default rank 0's ``torch.initial_seed()``.
+    - ``already_sharded``: the loader's iterable dataset already yields a different part of
+      the data on each rank (per-rank file lists, webdataset's ``split_by_node``, a stream
+      that reads ``RANK``), so ``prepare()`` keeps each rank's stream whole instead of
+      splitting it again (the name Accelerate's proposals use). Without it accel still finds
+      such streams: those of a known pre-split source (``split_dataset_by_node``, webdataset
+      ``split_by_node``, MosaicML/litdata ``StreamingDataset``), and those whose length or
+      first batches differ across ranks (with one warning naming this flag). Ranks whose
+      stream ends first repeat their last batch, marked as padding, until the longest ends.
+      Only for iterable datasets (a map-style dataset with it raises).
     - ``dispatch_batches`` exists for signature compatibility with Accelerate; accel always
       lets every rank read its own shard (batches with varying shapes keep working), so
       preparing a data loader with ``dispatch_batches=True`` raises, saying so.
@@ -314,6 +323,7 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
+    already_sharded: bool = False
 
     def __post_init__(self) -> None:
         if self.data_seed is not None and not isinstance(self.data_seed, int):

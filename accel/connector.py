@@ -199,7 +199,8 @@ def connect(args: Arguments) -> tuple[Options, Runtime]:
     # Resolve everything that can fail before touching process-wide state.
     timeout = _resolve_timeout(args.timeout, handlers.init, settings)
     process = _start_process(settings, args.device, args.cpu, handlers.init, timeout,
-                             single=options.parallelism_config is not None)
+                             single=options.parallelism_config is not None
+                             or options.fsdp_plugin is not None)
     if process.context.is_main_process:
         _warn_dynamo(options.dynamo_plugin, settings)
     return options, _build_runtime(process, options, handlers)
@@ -227,7 +228,7 @@ def connect_process(cpu: bool = False, init: InitProcessGroupKwargs | None = Non
 def _start_process(settings: env.EnvSettings, device: str | None, cpu: bool,
                    init: InitProcessGroupKwargs | None, timeout: timedelta | None,
                    single: bool = False) -> ProcessSetup:
-    """``single``: start a process group also for one process (an explicit FSDP mesh)."""
+    """``single``: start a process group also for one process (FSDP's one-device mesh)."""
     if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     info = env.detect_launch()

@@ -6,7 +6,9 @@ are dealt round-robin, rank ``r`` taking ``B[i * world + r]`` (with ``split_batc
 is cut into ``world`` contiguous pieces instead), so the ranks' batches of one round, in rank
 order, are the single-process order. Iterable datasets are read whole by every rank, which keeps
 chunk ``i * world + rank``. Loaders that are already sharded (a ``DistributedSampler`` built for
-this job, a Hugging Face dataset split by node) are left alone.
+this job) are left alone, and a rank-local stream (``already_sharded=True``, a known pre-split
+source, or streams that differ across ranks) is kept whole on its rank, padded so that every rank
+takes as many steps (``accel.data.local``).
 
 Example:
     >>> import torch

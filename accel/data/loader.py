@@ -30,14 +30,8 @@ from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
 from .plan import Step
 from .samplers import SkipBatchSampler
-from .sources import (
-    IterableSource,
-    MapSource,
-    PassthroughSource,
-    _Source,
-    find_distributed_sampler,
-    rebuild_loader,
-)
+from .selection import check_same_everywhere, dataset_length, select_source
+from .sources import _Source, rebuild_loader
 from .transfer import send_to_device
 from .trim import trim_batch
 
@@ -142,7 +136,7 @@ class PreparedDataLoader:
         self.device = device
         self.batch_size = source.batch_size
         self.total_batch_size = source.total_batch_size
-        self.total_dataset_length = _length(base.dataset)
+        self.total_dataset_length = dataset_length(base.dataset)
         self.epoch = 0
         self.end_of_dataloader = False
         self.current_batch_len = 0
@@ -303,6 +297,7 @@ class PreparedDataLoader:
                 "next_epoch": upcoming[0], "next_skip": upcoming[1], "seed": self._seed,
                 "world_size": self._ctx.world_size, "batch_size": self.batch_size,
                 "split_batches": bool(self._config.split_batches),
+                "rank_local": self._source.rank_local,
                 **self._generator_state(upcoming)}
 
     def _generator_state(self, upcoming: tuple[int, int]) -> dict[str, torch.Tensor]:
@@ -326,8 +321,15 @@ class PreparedDataLoader:
         if missing or state.get("version") not in _READABLE_VERSIONS:
             raise ValueError(f"not a data loader state (version {_STATE_VERSION}): missing "
                              f"{sorted(missing)}, version {state.get('version')!r}")
-        skip = _convert_skip(int(state["next_skip"]), int(state["world_size"]),
-                             self._ctx.world_size, bool(state.get("split_batches")))
+        skip = int(state["next_skip"])
+        if state.get("rank_local") and skip and int(state["world_size"]) != self._ctx.world_size:
+            raise ValueError(
+                f"cannot resume a rank-local stream's position (epoch {state['next_epoch']}, "
+                f"after batch {skip}) saved with {state['world_size']} processes on "
+                f"{self._ctx.world_size}: each rank read its own stream, and those change with "
+                "the number of processes; resume at an epoch boundary or with the same world size")
+        skip = _convert_skip(skip, int(state["world_size"]), self._ctx.world_size,
+                             bool(state.get("split_batches")))
         generator = state.get("generator")
         lost = self._source.pass_generator is not None and generator is None
         if skip and ((state["version"] == 1 and self._source.seeded) or lost):
@@ -357,13 +359,6 @@ class PreparedDataLoader:
         if name.startswith("_") or name == "base_dataloader":
             raise AttributeError(name)
         return getattr(self.base_dataloader, name)
-
-
-def _length(dataset: Any) -> int | None:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
 
 
 def _convert_skip(skip: int, old_world: int, new_world: int, split: bool) -> int:
@@ -414,49 +409,11 @@ def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: C
         raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got "
                         f"{type(loader).__name__}")
     seed = config.data_seed if config.data_seed is not None else int(seed)
-    source = _select_source(loader, ctx, config, seed)
-    _check_same_everywhere(loader, source, comm)
+    source = select_source(loader, ctx, config, seed, comm)
+    check_same_everywhere(loader, source, comm, already_sharded=bool(config.already_sharded))
     sync = comm.broadcast if comm.ctx.world_size > 1 else None
     return PreparedDataLoader(loader, source, ctx=ctx, device=device, config=config,
                               tracker=tracker, seed=seed, after_batch=after_batch, sync=sync)
-
-
-def _select_source(loader: DataLoader[Any], ctx: ProcessContext,
-                   config: DataLoaderConfiguration, seed: int) -> _Source:
-    world, rank = ctx.world_size, ctx.rank
-    sampler = find_distributed_sampler(loader)
-    if sampler is not None:
-        if sampler.num_replicas != world or sampler.rank != rank:
-            raise ValueError(
-                f"the DataLoader's DistributedSampler has num_replicas={sampler.num_replicas}, "
-                f"rank={sampler.rank} but this process is rank {rank} of {world}; remove the "
-                "DistributedSampler (prepare() shards the data itself) or build it for this job")
-        return PassthroughSource(loader, rank=rank, world=world, sampler=sampler, seed=seed)
-    dataset = loader.dataset
-    if isinstance(dataset, IterableDataset):
-        split_by_node = getattr(dataset, "_distributed", None)
-        if split_by_node is not None:  # a Hugging Face dataset already split by node
-            if getattr(split_by_node, "world_size", world) != world:
-                raise ValueError(f"the dataset was split for {split_by_node.world_size} "
-                                 f"processes but this job has {world}")
-            return PassthroughSource(loader, rank=rank, world=world, sampler=None, seed=seed)
-        return IterableSource(loader, rank=rank, world=world, even=config.even_batches,
-                              split=config.split_batches, seed=seed)
-    return MapSource(loader, rank=rank, world=world, even=config.even_batches,
-                     split=config.split_batches, seed=seed,
-                     seedable=bool(config.use_seedable_sampler))
-
-
-def _check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Communicator) -> None:
-    """Ranks must agree on what is sharded, or the shards overlap and miss samples silently."""
-    if comm.ctx.world_size == 1:
-        return
-    mine = (type(source).__name__, _length(loader.dataset), loader.batch_size)
-    everyone = comm.gather_object([mine])
-    if any(tuple(item) != mine for item in everyone):
-        lines = "; ".join(f"rank {r}: {tuple(item)}" for r, item in enumerate(everyone))
-        raise ValueError("ranks prepared different data loaders (kind, dataset length, batch "
-                         f"size): {lines}; every rank must prepare the same loader")
 
 
 @contextlib.contextmanager

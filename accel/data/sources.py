@@ -31,6 +31,7 @@ from torch.utils.data import (
 )
 
 from .iterable import ChunkRounds, CountingCollate, count_samples
+from .local import RankLocal
 from .plan import Step, rank_steps
 from .samplers import (
     BatchSamplerShard,
@@ -195,6 +196,11 @@ class _Source:
         """``(batch, step)`` pairs of one pass, after ``skip`` batches of this rank."""
         raise NotImplementedError
 
+    @property
+    def rank_local(self) -> bool:
+        """Whether each rank yields its own stream whole (see ``accel.data.local``)."""
+        return False
+
     def shard_sampler(self) -> BatchSamplerShard | None:
         """The batch sampler that shards this source (map-style sources only): its
         ``even_batches`` can be changed between passes."""
@@ -294,11 +300,14 @@ class MapSource(_Source):
 
 
 class IterableSource(_Source):
-    """Every rank reads the whole stream and keeps chunk ``i * world + rank``."""
+    """Every rank reads the whole stream and keeps chunk ``i * world + rank``; a rank-local
+    stream (``local``, see ``accel.data.local``) is kept whole on its rank instead."""
 
     def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
-                 split: bool, seed: int = 0) -> None:
+                 split: bool, seed: int = 0, local: RankLocal | None = None) -> None:
         super().__init__(loader, rank=rank, seed=seed)
+        self.local = local or RankLocal(reason=None, rank=rank, world=world, even=even,
+                                        exchange=None, share=None)
         self.world, self.even = world, even and world > 1
         self.batched = loader.batch_size is not None
         self.drop_last = loader.drop_last
@@ -323,7 +332,13 @@ class IterableSource(_Source):
 
     def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
         del epoch  # the dataset's own set_epoch has been called
-        chunks = (((batch,), count) for batch, count in self.loader)
+        chunks = self.local.detect(((batch,), count) for batch, count in self.loader)
+        if self.local.rank_local:
+            if self.split and self.drop_last:  # the rank's share of an incomplete final batch
+                chunks = (chunk for chunk in chunks if chunk[1] >= (self.chunk or 1))
+            for payload, step in self.local.steps(chunks, skip=skip):
+                yield payload[0], step
+            return
         whole = (self.chunk or 1) * self.world  # samples in a complete split batch
         rounds = ChunkRounds(chunks, world=self.world, rank=self.rank, keep_padding=self.even,
                              drop_below=whole if self.split and self.drop_last else None)
@@ -331,8 +346,29 @@ class IterableSource(_Source):
         for step in rank_steps(rounds, rank=self.rank, world=self.world, pad=pad, skip=skip):
             yield (None if step.payload is None else step.payload[0]), step
 
+    @property
+    def rank_local(self) -> bool:
+        return self.local.rank_local
+
+    def own_batches(self) -> int | None:
+        """Batches in this rank's whole stream (``None`` when its dataset has no length)."""
+        try:
+            n = len(self.dataset)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+        size = self.chunk or 1
+        return n // size if self.drop_last and (self.batched or self.split) else -(-n // size)
+
     def _counts(self) -> tuple[int, int]:
         """(rounds per epoch, batches of this rank) from the dataset's length."""
+        if self.local.rank_local:  # every rank takes as many steps as the longest stream
+            steps = self.local.steps_per_pass
+            if steps is None:
+                steps = self.own_batches() if self.local.exchange is None else None
+            if steps is None:
+                raise TypeError("the length of a rank-local stream is its longest rank's, "
+                                "unknown unless every rank's dataset has a __len__")
+            return steps, steps
         # Dataset declares no __len__; a map-style dataset without one is unusable here anyway.
         n = len(self.dataset)  # type: ignore[arg-type]
         world, rank, size = self.world, self.rank, self.chunk or 1

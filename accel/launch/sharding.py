@@ -135,11 +135,7 @@ def _validate(lookup: Lookup, values: dict[str, str], sizes: dict[str, str],
 
 
 def _check_mesh(mesh: ParallelismConfig | None, total: int, machines: int, given: str) -> None:
-    if mesh is None:
-        if total == 1:
-            raise CLIError("--use_fsdp shards the model across processes and this launch starts "
-                           "one: pass -n 2 or more (or --parallelism_config_dp_shard_size 1 to "
-                           "run FSDP on one process on purpose)")
+    if mesh is None:  # one process runs too (FSDP2 on a one-device mesh; the script warns)
         return
     try:
         mesh.mesh_shape(total, total // machines)

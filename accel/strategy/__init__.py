@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from ..config import DistributedDataParallelKwargs, PrecisionType
 from ..distributed import ProcessContext
 from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
@@ -27,7 +29,10 @@ def select_strategy(ctx: ProcessContext, place: bool = True,
     strategy; other multi-process jobs DDP; else a single device.
 
     Raises:
-        ValueError: an FSDP plugin with an XLA device, or on one process without a mesh.
+        ValueError: an FSDP plugin with an XLA device, or a mesh that does not fit the job.
+
+    An FSDP plugin on one process (debugging on a laptop, resuming a sharded checkpoint on one
+    process) runs FSDP2 on a one-device mesh, with one warning.
     """
     shards = parallelism is not None and \
         parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)[1] > 1
@@ -47,11 +52,15 @@ def _fsdp(ctx: ProcessContext, place: bool, ddp_kwargs: DistributedDataParallelK
         raise ValueError("FSDP (fsdp_plugin) runs on CPU and CUDA devices; on XLA drop the "
                          "plugin (accel uses torch_xla's data parallelism) or use device='cuda'")
     if not ctx.is_distributed and parallelism is None:
-        raise ValueError("FSDP shards a model across processes, and this job has one: launch "
-                         "several (accel launch --num_processes N --use_fsdp script.py), or, to "
-                         "run FSDP on one process on purpose (e.g. to load a sharded "
-                         "checkpoint), pass parallelism_config=ParallelismConfig("
-                         "dp_shard_size=1)")
+        # Accelerate ignores the plugin on one process; accel keeps FSDP2 on a one-device mesh
+        # so the script runs the same code path and reads and writes the same checkpoints
+        # (a sharded one written by N processes is resharded by DCP).
+        warnings.warn("FSDP on one process: the model is not sharded (FSDP2 on a one-device "
+                      "mesh, same checkpoint format); launch several processes to shard it "
+                      "(accel launch --num_processes N --use_fsdp script.py), or pass "
+                      "parallelism_config=ParallelismConfig(dp_shard_size=1) to run one "
+                      "process on purpose without this warning", stacklevel=6)
+        parallelism = ParallelismConfig(dp_shard_size=1)
     plugin = plugin or FullyShardedDataParallelPlugin()
     if parallelism is None:  # FSDP1's FULL_SHARD asks for sharding across every rank
         parallelism = ParallelismConfig(dp_replicate_size=1 if plugin.hybrid is False else None)

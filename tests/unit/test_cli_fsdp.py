@@ -223,8 +223,9 @@ def test_launch_time_refusals_and_warnings() -> None:
     with pytest.raises(CLIError, match="FSDP runs on CPU and CUDA devices; on XLA drop "
                        "--use_fsdp"):
         settings(["--tpu", "--use_fsdp", "t.py"])
-    with pytest.raises(CLIError, match="this launch starts one: pass -n 2 or more"):
-        settings(["--cpu", "--use_fsdp", "t.py"])
+    # one process runs, as under Accelerate (the script warns once, FSDP2 on a 1-device mesh)
+    alone = settings(["--cpu", "--use_fsdp", "t.py"])
+    assert alone.use_fsdp and alone.warnings == ()
     one = settings(["--cpu", "--use_fsdp", "--parallelism_config_dp_shard_size", "1", "t.py"])
     assert one.fsdp == {"parallelism_config_dp_shard_size": 1}  # FSDP on one process, asked for
     with pytest.raises(CLIError, match=r"--parallelism_config_dp_replicate_size: "

@@ -33,7 +33,7 @@ from accel.data import (
     skip_first_batches,
     trim_batch,
 )
-from accel.data.loader import _select_source
+from accel.data.selection import select_source
 from accel.data.sources import IterableSource, MapSource
 from accel.distributed import Communicator, ProcessContext
 
@@ -65,7 +65,7 @@ def _prepared(loader: DataLoader, rank: int = 0, world: int = 1, seed: int = 0,
               **config: Any) -> PreparedDataLoader:
     cfg = DataLoaderConfiguration(**{"use_seedable_sampler": True, **config})
     ctx = _ctx(rank, world)
-    source = _select_source(loader, ctx, cfg, seed)
+    source = select_source(loader, ctx, cfg, seed, Communicator(_ctx()))
     return PreparedDataLoader(loader, source, ctx=ctx, device=torch.device("cpu"), config=cfg,
                               tracker=DataTracker(), seed=seed)
 

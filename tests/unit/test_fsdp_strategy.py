@@ -120,8 +120,11 @@ def test_strategy_selection_and_its_refusals() -> None:
         dp_replicate_size=2)).distributed_type is DistributedType.MULTI_CPU
     with pytest.raises(ValueError, match="on XLA drop the plugin"):
         select_strategy(_ctx(device="xla"), fsdp_plugin=plugin)
-    with pytest.raises(ValueError, match=r"ParallelismConfig\(dp_shard_size=1\)"):
-        select_strategy(_ctx(1), fsdp_plugin=plugin)
+    # one process: FSDP2 on a one-device mesh, with one warning (Accelerate runs the script)
+    with pytest.warns(UserWarning, match="FSDP on one process") as caught:
+        single = select_strategy(_ctx(1), fsdp_plugin=plugin)
+    assert len(caught) == 1 and isinstance(single, FSDPStrategy)
+    assert single.distributed_type is DistributedType.FSDP
     with pytest.raises(ValueError, match="does not fit 4 processes"):
         select_strategy(_ctx(4), fsdp_plugin=plugin,
                         parallelism=ParallelismConfig(dp_replicate_size=3))
