@@ -21,7 +21,8 @@ from ._session import Session, current
 from .process_sets import ProcessSet, group_of
 from .reduce_op import Average, Max, Min, Product, Sum, name_of
 
-__all__ = ["Scope", "needs_grad", "on_wire", "resolve_op", "scale_", "scope_of", "torch_op"]
+__all__ = ["Scope", "barrier_of", "needs_grad", "on_wire", "resolve_op", "scale_", "scope_of",
+           "torch_op"]
 
 _TORCH_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
               Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
@@ -35,6 +36,7 @@ class Scope:
     session: Session
     group: Any  # None = the default group
     ranks: tuple[int, ...]
+    set_id: int = 0  # the process set's id (0: the global set)
 
     @property
     def size(self) -> int:
@@ -73,10 +75,8 @@ def scope_of(process_set: ProcessSet | None) -> Scope:
     session = current()
     group = group_of(process_set)
     if process_set is None or process_set.process_set_id == 0:
-        ranks: tuple[int, ...] = tuple(range(session.context.world_size))
-    else:
-        ranks = tuple(process_set.ranks)
-    return Scope(session, group, ranks)
+        return Scope(session, group, tuple(range(session.context.world_size)))
+    return Scope(session, group, tuple(process_set.ranks), process_set.process_set_id or 0)
 
 
 def resolve_op(op: int | None, average: bool | None, what: str) -> int:
@@ -129,3 +129,13 @@ def on_wire(tensor: torch.Tensor, wire: torch.device, copy: bool) -> torch.Tenso
     if source.device != wire or not source.is_contiguous():
         return source.to(wire, memory_format=torch.contiguous_format)
     return source
+
+
+def barrier_of(session: Session, group: Any) -> None:
+    """A barrier of ``group`` (None: the whole job, through the session's communicator)."""
+    if group is None:
+        session.comm.barrier()
+    elif session.context.backend == "nccl":
+        dist.barrier(group=group, device_ids=[session.context.device.index])
+    else:
+        dist.barrier(group=group)

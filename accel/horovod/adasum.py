@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from ._join_state import begin, done
 from ._plumbing import Scope, scale_
 
 __all__ = ["adasum_combine", "adasum_reduce"]
@@ -91,6 +92,9 @@ def adasum_reduce(tensors: Sequence[torch.Tensor], scope: Scope, prescale: float
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
+    sizes = tuple((dtype, sum(tensors[i].numel() for i in indices))
+                  for dtype, indices in by_dtype.items())
+    ticket = begin(scope, ("adasum", sizes), what=what)  # joined ranks send zeros: neutral
     for indices in by_dtype.values():
         flat = torch.cat([tensors[i].detach().reshape(-1).to(scope.wire) for i in indices])
         scale_(flat, prescale)
@@ -108,4 +112,5 @@ def adasum_reduce(tensors: Sequence[torch.Tensor], scope: Scope, prescale: float
             value = adasum_combine(rows[:, start: start + n])
             out[i] = scale_(value, postscale).view(tensors[i].shape).to(tensors[i].device)
             start += n
+    done(scope, ticket)
     return [t for t in out if t is not None]

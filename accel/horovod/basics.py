@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from ..connector import connect_process
 from ..distributed import Communicator
 from ..distributed.debug import consistency_check
+from ._join_state import start_joins, stop_joins
 from ._session import Session, current, install, installed, uninstall
 from .process_sets import ProcessSet, register_initial_sets
 
@@ -52,6 +53,7 @@ def init(comm: Sequence[int] | None = None,
     hooks = [consistency_check] if setup.settings.debug else []
     session = Session(setup, Communicator(ctx, hooks))
     register_initial_sets(session, process_sets)
+    start_joins(session)
     install(session)
 
 
@@ -59,6 +61,7 @@ def shutdown() -> None:
     """End the session; the process group is destroyed if ``init()`` started it."""
     session = uninstall()
     if session is not None:
+        stop_joins(session)  # before the group (and its store) goes
         session.setup.group.close()
 
 

@@ -30,7 +30,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from ._join_state import NEVER, JoinState, Ticket, refusal
 from .compression import Compressor
+from .exceptions import HorovodInternalError
 from .reduce_op import Average, Max, Min, Product, Sum
 
 __all__ = ["Bucket", "Reducer", "plan_by_groups", "plan_by_size", "split_list"]
@@ -106,8 +108,9 @@ class Bucket:
 
     params: list[torch.Tensor]
     ready: int = 0
-    #: while in flight: (work handle, the buffer sent, the compression context)
-    flight: tuple[Any, torch.Tensor, Any] | None = None
+    #: while in flight: (work handle, the buffer sent, the compression context, the join
+    #: ticket)
+    flight: tuple[Any, torch.Tensor, Any, Ticket | None] | None = None
     #: the flat buffer, kept from step to step (a fresh one each step costs page faults)
     buffer: torch.Tensor | None = None
 
@@ -134,11 +137,16 @@ class Reducer:
     next_bucket: int = 0
     #: True once a gradient arrived since the last finish() (Horovod's pending handles)
     touched: bool = False
+    #: the session's join bookkeeping (each bucket is one counted collective) and the set's id
+    joins: JoinState | None = None
+    set_id: int = 0
+    refuse: tuple[int, str] = (NEVER, "")
 
     def __post_init__(self) -> None:
         for bucket in self.buckets:
             for p in bucket.params:
                 self.bucket_of[p] = bucket
+        self.refuse = refusal(self.set_id, "allreduce", op=self.op)
         self.reset(self.passes)
 
     def reset(self, passes: int) -> None:
@@ -200,23 +208,39 @@ class Reducer:
             if self.op == Average and self.predivide != 1.0:
                 flat = flat.mul_(1.0 / self.predivide)
             sent, ctx = self.compression.compress(flat)
+            ticket = None if self.joins is None else self.joins.begin(
+                self.set_id, ("allreduce", self.op, ((sent.dtype, sent.numel()),)),
+                what="DistributedOptimizer.step", refuse=self.refuse[0], why=self.refuse[1],
+                complete=True)
             work = dist.all_reduce(sent, op=_TORCH_OPS[self.op], group=self.group,
                                    async_op=True)
-        bucket.flight = (work, sent, ctx)
+        bucket.flight = (work, sent, ctx, ticket)
 
     def finish(self) -> None:
-        """Start what backward left (missing gradients as zeros), wait, write the results."""
+        """Start what backward left (missing gradients as zeros), wait, write the results.
+
+        A bucket refused because a rank has joined (see :mod:`accel.horovod._join_state`)
+        raises once every bucket has been waited for, so that the next step starts clean."""
         for bucket in self.buckets[self.next_bucket:]:
             self._start(bucket)
+        refused: HorovodInternalError | None = None
         for bucket in self.buckets:
             if bucket.flight is not None:
-                self._write_back(bucket, *bucket.flight)
+                try:
+                    self._write_back(bucket, *bucket.flight)
+                except HorovodInternalError as exc:
+                    refused = refused or exc
                 bucket.flight = None
         self.reset(self.passes)
+        if refused is not None:
+            raise refused
 
-    def _write_back(self, bucket: Bucket, work: Any, sent: torch.Tensor, ctx: Any) -> None:
+    def _write_back(self, bucket: Bucket, work: Any, sent: torch.Tensor, ctx: Any,
+                    ticket: Ticket | None) -> None:
         """Wait for the bucket, then copy (and scale, for Average) its slices into ``.grad``."""
         work.wait()
+        if ticket is not None and self.joins is not None:
+            self.joins.done(ticket)
         scale = self.predivide / self.group_size if self.op == Average else 1.0
         with torch.no_grad():
             out = self.compression.decompress(sent, ctx)

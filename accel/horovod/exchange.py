@@ -18,6 +18,12 @@ the synchronisation points ``barrier`` and ``join``.
   get one more row (Horovod's split). An even split uses ``reduce_scatter_tensor``; an uneven
   one (and the grouped form: one collective per dtype) reduces the whole tensor and keeps the
   rank's rows, which moves more data but is correct on every backend.
+* ``join()`` has Horovod's semantics: a rank that has joined takes part in the others'
+  allreduces with zeros (``Average`` still divides by ``size()``), allgathers with zero rows
+  and broadcasts as a receiver until every rank has joined, and returns the rank that joined
+  last; ops that can not take part with zeros raise ``HorovodInternalError`` on the ranks that
+  issued them (see :func:`join`, :mod:`accel.horovod._join_state` and
+  :mod:`accel.horovod._join`).
 
 Example:
     >>> import torch
@@ -42,7 +48,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._plumbing import Scope, needs_grad, on_wire, scale_, scope_of
+from ._join import join_round
+from ._join_state import begin, done
+from ._plumbing import Scope, barrier_of, needs_grad, on_wire, scale_, scope_of
 from .compression import Compression, Compressor
 from .handles import submit, synchronize
 from .ops import allreduce
@@ -54,16 +62,18 @@ __all__ = ["allgather", "allgather_async", "alltoall", "alltoall_async", "barrie
            "grouped_reducescatter_async", "reducescatter", "reducescatter_async",
            "sparse_allreduce_async"]
 
-_JOIN_KEY = "horovod.join_generation"
-
-
 # -- allgather ------------------------------------------------------------------------------
-def _gather(tensors: Sequence[torch.Tensor], process_set: ProcessSet) -> list[torch.Tensor]:
+def _gather(tensors: Sequence[torch.Tensor], process_set: ProcessSet,
+            what: str = "allgather") -> list[torch.Tensor]:
     scope = scope_of(process_set)
-    leaves = [t.detach() for t in tensors]
+    # a 0-d tensor is one row, and a joined rank sends zero rows of the same dimensions
+    leaves = [t.detach().reshape(1) if t.dim() == 0 else t.detach() for t in tensors]
     if not scope.distributed:
-        return [t.clone().reshape(1) if t.dim() == 0 else t.clone() for t in leaves]
+        return [t.clone() for t in leaves]
+    ticket = begin(scope, ("allgather", tuple((t.dtype, t.shape[1:]) for t in leaves)),
+                   what=what)
     out: list[torch.Tensor] = scope.session.comm.gather(leaves, group=scope.group)
+    done(scope, ticket)
     return out
 
 
@@ -127,7 +137,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: int,
                          "reduced with hvd.Average or hvd.Sum only")
     scope = scope_of(process_set)
     indices, values = _gather([tensor._indices().t().contiguous(), tensor._values()],
-                              process_set)
+                              process_set, "sparse_allreduce_async")
     if op == Average:
         values = values / scope.size
     result = torch.sparse_coo_tensor(indices.t(), values, tensor.shape, check_invariants=True)
@@ -162,6 +172,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     if not scope.distributed:
         result = (source.clone(), torch.tensor(sent, dtype=split_dtype))
         return submit([], lambda: result)
+    ticket = begin(scope, ("alltoall", source.dtype, source.shape[1:]), what="alltoall")
     counts = torch.tensor(sent, dtype=torch.int64, device=scope.wire)
     received_t = torch.empty_like(counts)
     dist.all_to_all_single(received_t, counts, group=scope.group)
@@ -171,7 +182,12 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     work = dist.all_to_all_single(out, wire_in, output_split_sizes=received,
                                   input_split_sizes=sent, group=scope.group, async_op=True)
     splits_out = torch.tensor(received, dtype=split_dtype)
-    return submit([work], lambda: (out.to(tensor.device), splits_out))
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        done(scope, ticket)
+        return out.to(tensor.device), splits_out
+
+    return submit([work], finish)
 
 
 class _Alltoall(torch.autograd.Function):
@@ -232,6 +248,8 @@ def _reducescatter_async(tensors: Sequence[torch.Tensor], op: int, process_set: 
             raise ValueError("hvd.reducescatter needs tensors with at least one dimension")
     post = postscale / scope.size if op == Average else postscale
     index = scope.ranks.index(scope.rank)
+    ticket = begin(scope, ("reducescatter", tuple((t.dtype, t.shape) for t in tensors)),
+                   what="reducescatter")
     works: list[Any] = []
     parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []  # (buf, out, src)
     for tensor in tensors:
@@ -248,6 +266,7 @@ def _reducescatter_async(tensors: Sequence[torch.Tensor], op: int, process_set: 
         parts.append((buf, None, tensor))
 
     def finish() -> Any:
+        done(scope, ticket)
         results = []
         for buf, out, tensor in parts:
             if out is None:
@@ -332,37 +351,44 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     scope = scope_of(process_set)
     if not scope.distributed:
         return
-    if scope.group is None:
-        scope.session.comm.barrier()
-    elif scope.session.context.backend == "nccl":
-        dist.barrier(group=scope.group, device_ids=[scope.session.context.device.index])
-    else:
-        dist.barrier(group=scope.group)
+    ticket = begin(scope, ("barrier",), what="barrier")
+    barrier_of(scope.session, scope.group)
+    done(scope, ticket)
 
 
 def join(device: int = -1) -> int:
     """Wait until every rank has called ``join``; returns the rank that joined last.
 
-    Horovod lets a rank that joined keep answering the other ranks' allreduces with zeros until
-    they join too. torch.distributed matches collectives by order, so a rank blocked here can
-    not take part in collectives it does not issue: in accel, every rank must reach ``join``
-    before issuing any other collective (a collective started by a rank that has not joined
-    while another rank waits here never completes). For uneven data, make the ranks agree on
-    the number of steps first (e.g. ``hvd.allreduce(torch.tensor(n), op=hvd.Min)``), then
-    ``join()`` at the end. The last rank is found through the job's key-value store: each rank
-    counts itself in on arrival, and the ranks then agree on who arrived last. ``device`` is
-    accepted for compatibility (no zero tensors are needed).
+    As in Horovod, a rank that has joined (typically: it ran out of data) keeps taking part in
+    the collectives the other ranks still issue on the global process set, until they have all
+    joined: in ``allreduce`` (every form: in place, async, grouped, and the gradient buckets of
+    ``hvd.DistributedOptimizer``) it contributes zeros, so ``Sum`` adds the others' tensors and
+    ``Average`` divides their sum by ``size()``, joined ranks included; ``Adasum`` and
+    ``barrier`` work too. Beyond Horovod (which refuses them while a rank has joined), in
+    ``allgather`` it contributes zero rows and in ``broadcast`` (and ``broadcast_object``) it
+    receives. Collectives that can not take part with zeros raise
+    :class:`~accel.horovod.HorovodInternalError` on the ranks that issued them, naming the
+    joined rank, and the job goes on: ``Min``/``Max``/``Product`` reductions (an in-place one
+    holds the other ranks' result), ``alltoall``, ``reducescatter``, ``allgather_object``, a
+    broadcast whose root has joined, and the collectives of a process set that contains a
+    joined rank, but for broadcasts from a rank that has not joined (``join`` joins the global
+    set, as in Horovod). Every rank of the job calls ``join`` once per round; the next round
+    (e.g. the next epoch) starts when it returns, on every rank.
+
+    Only the collectives of ``accel.horovod`` take part: a ``torch.distributed`` call of your
+    own, or ``hvd.SyncBatchNorm``'s statistics (which raise while a rank of their group has
+    joined), can not be answered by a joined rank. It costs nothing while no rank has joined:
+    the ranks learn of a join through the job's key-value store (see
+    :mod:`accel.horovod._join_state`). ``device`` is accepted for compatibility.
+
+    Example:
+        >>> import accel.horovod as hvd
+        >>> hvd.init()
+        >>> hvd.join()  # one process: it joins last
+        0
+        >>> hvd.shutdown()
     """
     scope = scope_of(global_process_set)
     if not scope.distributed:
         return scope.rank
-    extras = scope.session.extras
-    generation = extras[_JOIN_KEY] = extras.get(_JOIN_KEY, 0) + 1
-    store = scope.session.setup.group.store()
-    order = scope.rank  # without a store: ties resolved to the highest rank
-    if store is not None:
-        order = store.add(f"accel/horovod/join/{generation}", 1) * scope.size + scope.rank
-    arrivals = torch.zeros(scope.size, dtype=torch.int64, device=scope.wire)
-    arrivals[scope.rank] = order
-    dist.all_reduce(arrivals, group=scope.group)
-    return int(arrivals.argmax().item())
+    return join_round(scope)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._join_state import begin, done
 from ._plumbing import scope_of
 from .handles import synchronize
 from .ops import broadcast_tensors_async
@@ -50,8 +51,10 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     if not scope.distributed:
         return obj
     box = [obj if scope.rank == root else None]
+    ticket = begin(scope, ("broadcast_object", root), what="broadcast_object", root=root)
     dist.broadcast_object_list(box, src=root, group=scope.group,
                                device=scope.wire)
+    done(scope, ticket)
     return box[0]
 
 
@@ -62,7 +65,9 @@ def allgather_object(obj: Any, name: str | None = None,
     if not scope.distributed:
         return [obj]
     out: list[Any] = [None] * scope.size
+    ticket = begin(scope, ("allgather_object",), what="allgather_object")
     dist.all_gather_object(out, obj, group=scope.group)
+    done(scope, ticket)
     return out
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._join_state import begin, done
 from ._plumbing import Scope, needs_grad, on_wire, resolve_op, scale_, scope_of, torch_op
 from .adasum import adasum_reduce
 from .compression import Compression, Compressor
@@ -88,6 +89,7 @@ def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: flo
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
+    ticket = begin(scope, ("allreduce", op, _sizes(tensors, by_dtype)), what=what, op=op)
     works: list[Any] = []
     buffers: list[tuple[list[int], torch.Tensor]] = []
     for indices in by_dtype.values():
@@ -103,11 +105,19 @@ def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: flo
         buffers.append((indices, buf))
 
     def finish() -> list[torch.Tensor]:
+        done(scope, ticket)
         for _indices, buf in buffers:
             scale_(buf, post)
         return _unflatten(tensors, buffers, inplace)
 
     return submit(works, (lambda: finish()[0]) if single else finish)
+
+
+def _sizes(tensors: Sequence[torch.Tensor],
+           by_dtype: dict[torch.dtype, list[int]]) -> tuple[tuple[torch.dtype, int], ...]:
+    """(dtype, elements) of each flat buffer a grouped collective sends, in order."""
+    return tuple((dtype, sum(tensors[i].numel() for i in indices))
+                 for dtype, indices in by_dtype.items())
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -231,6 +241,7 @@ def broadcast_tensors_async(tensors: Sequence[torch.Tensor], root_rank: int, sco
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
+    ticket = begin(scope, ("broadcast", root, _sizes(tensors, by_dtype)), what=what, root=root)
     works: list[Any] = []
     buffers: list[tuple[list[int], torch.Tensor]] = []
     for indices in by_dtype.values():
@@ -243,6 +254,7 @@ def broadcast_tensors_async(tensors: Sequence[torch.Tensor], root_rank: int, sco
         buffers.append((indices, buf))
 
     def finish() -> list[torch.Tensor]:
+        done(scope, ticket)
         return _unflatten(tensors, buffers, inplace)
 
     return submit(works, (lambda: finish()[0]) if single else finish)

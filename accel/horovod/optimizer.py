@@ -40,10 +40,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._join_state import begin, done, joins_of
+from ._plumbing import Scope, scope_of
 from ._session import current
 from .buckets import Bucket, Reducer, plan_by_groups, plan_by_size
 from .compression import Compression, Compressor
-from .process_sets import ProcessSet, global_process_set, group_of
+from .process_sets import ProcessSet, global_process_set
 from .reduce_op import Adasum, Average, name_of
 
 __all__ = ["DistributedOptimizer"]
@@ -213,12 +215,13 @@ def _plan(opt: Any, params: list[torch.Tensor], groups: Any,
 
 
 def _check_same_plan(plan: list[list[torch.Tensor]], names: dict[torch.Tensor, str],
-                     group: Any) -> None:
+                     scope: Scope) -> None:
     """Every rank must send the same buckets in the same order, or the reductions mismatch."""
     mine = [[(names[p], tuple(p.shape), str(p.dtype)) for p in b] for b in plan]
-    size = dist.get_world_size(group)
-    everyone: list[Any] = [None] * size
-    dist.all_gather_object(everyone, mine, group=group)
+    everyone: list[Any] = [None] * scope.size
+    ticket = begin(scope, ("allgather_object",), what="DistributedOptimizer")
+    dist.all_gather_object(everyone, mine, group=scope.group)
+    done(scope, ticket)
     for rank, theirs in enumerate(everyone):
         if theirs != mine:
             raise ValueError(
@@ -236,16 +239,17 @@ def _install(opt: Any, names: dict[torch.Tensor, str], compression: Any, groups:
     current()  # Horovod's error before hvd.init()
     if process_set.included() is False or not dist.is_initialized():
         return  # not a member: this rank takes no part (as in Horovod)
-    group = group_of(process_set)
-    size = dist.get_world_size(group)
-    if size <= 1:
+    scope = scope_of(process_set)
+    if scope.size <= 1:
         return
     params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
     plan = _plan(opt, params, groups, bucket_cap_mb)
-    _check_same_plan(plan, names, group)
+    _check_same_plan(plan, names, scope)
     reducer = Reducer([Bucket(b) for b in plan], compression, opt.op,
-                      opt.gradient_predivide_factor, group, size, opt.backward_passes_per_step,
-                      opt.sparse_as_dense, lambda p: names.get(p, "?"))
+                      opt.gradient_predivide_factor, scope.group, scope.size,
+                      opt.backward_passes_per_step, opt.sparse_as_dense,
+                      lambda p: names.get(p, "?"), joins=joins_of(scope.session),
+                      set_id=scope.set_id)
     for p in params:
         opt._hvd_hooks.append(p.register_post_accumulate_grad_hook(reducer.grad_ready))
     opt._hvd_reducer = reducer

@@ -23,9 +23,10 @@ from typing import Any
 import torch.distributed as dist
 
 from ..distributed.group import new_subgroup
+from ._join_state import NEVER, joins_of
 from ._session import Session, current, installed
 
-__all__ = ["ProcessSet", "add_process_set", "global_process_set", "group_of",
+__all__ = ["ProcessSet", "add_process_set", "global_process_set", "group_of", "register",
            "register_initial_sets", "remove_process_set"]
 
 
@@ -85,15 +86,21 @@ def _live(process_set: ProcessSet) -> bool:
 global_process_set = ProcessSet([])
 
 
-def _register(session: Session, process_set: ProcessSet, set_id: int) -> ProcessSet:
+def _check_new(session: Session, process_set: ProcessSet) -> None:
+    world = session.context.world_size
+    if not process_set.ranks or process_set.ranks[-1] >= world or process_set.ranks[0] < 0:
+        raise ValueError(f"{process_set!r}: ranks must lie in 0..{world - 1}")
+    for other in session.process_sets.values():
+        if other.process_set_id != 0 and other.ranks == process_set.ranks:
+            raise ValueError(f"a process set with ranks {process_set.ranks} is already "
+                             f"registered (id {other.process_set_id}); use that one")
+
+
+def register(session: Session, process_set: ProcessSet, set_id: int) -> ProcessSet:
+    """Register ``process_set`` under ``set_id`` (collective for a new subgroup)."""
     world = session.context.world_size
     if set_id != 0:
-        if not process_set.ranks or process_set.ranks[-1] >= world or process_set.ranks[0] < 0:
-            raise ValueError(f"{process_set!r}: ranks must lie in 0..{world - 1}")
-        for other in session.process_sets.values():
-            if other.process_set_id != 0 and other.ranks == process_set.ranks:
-                raise ValueError(f"a process set with ranks {process_set.ranks} is already "
-                                 f"registered (id {other.process_set_id}); use that one")
+        _check_new(session, process_set)
         process_set.group = new_subgroup(process_set.ranks) if world > 1 else None
     process_set.process_set_id = set_id
     session.process_sets[set_id] = process_set
@@ -102,14 +109,14 @@ def _register(session: Session, process_set: ProcessSet, set_id: int) -> Process
 
 def register_initial_sets(session: Session, sets: Sequence[ProcessSet] | str | None) -> None:
     """Register the global set and those given to ``hvd.init(process_sets=...)``."""
-    _register(session, global_process_set, 0)
+    register(session, global_process_set, 0)
     if sets is None or sets == "dynamic":
         return
     if isinstance(sets, str):
         raise ValueError(f"hvd.init(process_sets={sets!r}): pass a list of ProcessSet or "
                          "'dynamic'")
     for process_set in sets:
-        _register(session, process_set, session.next_process_set_id())
+        register(session, process_set, session.next_process_set_id())
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -119,7 +126,12 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         process_set = ProcessSet(process_set)
     if process_set._registered():
         raise ValueError(f"{process_set!r} is already registered")
-    return _register(session, process_set, session.next_process_set_id())
+    _check_new(session, process_set)
+    joins = joins_of(session)
+    if joins is not None:  # every rank creates the group: a joined rank too (never refused)
+        joins.begin(0, ("add_process_set", process_set.ranks), what="add_process_set",
+                    refuse=NEVER, why="", complete=False)
+    return register(session, process_set, session.next_process_set_id())
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:

@@ -11,7 +11,10 @@ through accel's :class:`~accel.distributed.batchnorm.SyncBatchNorm`, which also 
   ``hvd.init()`` session (collectively, at the first training forward of such a layer) and
   kept in the session.
 
-In eval mode the running statistics are used; at world size 1 it is a plain BatchNorm.
+In eval mode the running statistics are used; at world size 1 it is a plain BatchNorm. While a
+rank of the layer's group has called ``hvd.join()``, a training forward raises
+``HorovodInternalError`` (a joined rank can not contribute statistics; Horovod refuses its
+allgather too).
 
 Example:
     >>> import torch
@@ -29,10 +32,12 @@ import weakref
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..distributed.batchnorm import SyncBatchNorm as _AnyDeviceSyncBatchNorm
 from ..distributed.batchnorm import parse_mode
 from ..distributed.nodes import node_group
+from ._join_state import refuse_untracked
 from ._session import Session, current
 from .process_sets import ProcessSet, group_of
 
@@ -80,6 +85,10 @@ class SyncBatchNorm(_AnyDeviceSyncBatchNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.training:
             self._resolve_group()
+            if self._group_size() > 1:
+                ranks = (None if self.process_group is None
+                         else dist.get_process_group_ranks(self.process_group))
+                refuse_untracked(current(), ranks=ranks, what="SyncBatchNorm")
         return super().forward(input)
 
     def _resolve_group(self) -> None:
