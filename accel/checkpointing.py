@@ -111,6 +111,13 @@ class CheckpointingMixin:
         Under ``if accelerator.is_main_process:`` it blocks (one warning); FSDP's
         SHARDED_STATE_DICT is refused (save it blocking, or use FULL_STATE_DICT).
 
+        With ``ProjectConfiguration(save_on_each_node=True)`` (machines without a shared
+        filesystem) the local main process of every machine writes a complete copy of the
+        checkpoint on its machine (its own ``output_dir``, or the same ``checkpoint_<n>`` name
+        under its own ``project_dir``, rotated there), and ``load_state`` reads each machine's
+        copy; machines that do share the directory write it once. A sharded (FSDP) state
+        cannot be copied to each machine: that save raises, saying so.
+
         Example:
             >>> import tempfile
             >>> from accel import Accelerator
@@ -130,7 +137,8 @@ class CheckpointingMixin:
         run.saves.wait()  # before the snapshot: a failure of the last save raises here
         return str(save_run(rt.comm, run.snapshot(rt.precision, rt.strategy, rt.hardware),
                             output_dir, total_limit, project.project_dir, project.total_limit,
-                            rt.attendance, blocking=blocking, background=run.saves))
+                            rt.attendance, blocking=blocking, background=run.saves,
+                            save_on_each_node=project.save_on_each_node))
 
     def wait_for_checkpoint(self) -> str | None:
         """Wait until the save a ``save_state(blocking=False)`` started is complete.
@@ -166,7 +174,9 @@ class CheckpointingMixin:
         component raises ``CheckpointError`` naming the file on every rank; ``strict=False``
         skips it with a warning on each affected rank. ``missing_ok=True`` (without
         ``input_dir``) returns None when no complete checkpoint exists yet, so one script both
-        starts fresh and resumes after ``accel launch --max_restarts N`` restarted it.
+        starts fresh and resumes after ``accel launch --max_restarts N`` restarted it. With
+        ``ProjectConfiguration(save_on_each_node=True)`` every rank reads the copy on its own
+        machine (as Accelerate does), after the ranks agree that each machine has it.
 
         Example:
             >>> import tempfile
@@ -177,8 +187,10 @@ class CheckpointingMixin:
         """
         rt = self._rt
         self._run.saves.wait()  # the newest checkpoint may be the one still being written
+        project = self._options.project
         loaded = load_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
-                          input_dir, self._options.project.project_dir, strict, missing_ok)
+                          input_dir, project.project_dir, strict, missing_ok,
+                          save_on_each_node=project.save_on_each_node)
         if loaded is None:
             return None
         self._run.restored(loaded.path, loaded.accumulation_step, loaded.optimizer_steps)
@@ -187,6 +199,9 @@ class CheckpointingMixin:
     def save(self, obj: Any, f: str | os.PathLike[str],
              safe_serialization: bool | None = None) -> None:
         """Save ``obj`` to ``f`` on the main process, atomically (a module: its state dict).
+
+        With ``ProjectConfiguration(save_on_each_node=True)`` the local main process of every
+        machine writes it (as Accelerate's ``save``), for machines without a shared filesystem.
 
         ``safe_serialization=True`` writes safetensors (tensors only); ``False`` writes what
         Accelerate's default writes, ``torch.save``'s format, for scripts that read the file
@@ -205,7 +220,7 @@ class CheckpointingMixin:
             {'epoch': 3}
         """
         _refuse_shards(obj, self._rt.strategy.distributed_state)
-        if not self._rt.context.is_main_process:
+        if not self._writes_files():
             return
         if isinstance(obj, nn.Module):
             obj = self._rt.strategy.model_state_dict(obj)
@@ -224,8 +239,11 @@ class CheckpointingMixin:
         ``max_shard_size`` plus ``model.safetensors.index.json``. A sharded (FSDP) model is
         gathered one tensor at a time and each file written as soon as it is full, so no
         process ever holds the whole model: call it on every process then (a collective).
+        With ``ProjectConfiguration(save_on_each_node=True)`` the local main process of every
+        machine writes the files (an FSDP model's too), as Accelerate's ``save_model`` does.
         """
         strategy, main = self._rt.strategy, self._rt.context.is_main_process
+        writes = self._writes_files()
         if not safe_serialization and main:
             warnings.warn("save_model(safe_serialization=False) is ignored: accel writes "
                           "safetensors only (pickle files can run code when loaded)",
@@ -234,9 +252,16 @@ class CheckpointingMixin:
             from .checkpoint.sharded.consolidate import save_model_streamed  # imports DCP
 
             save_model_streamed(strategy.state_module(model), save_directory, max_shard_size,
-                                write=main)
-        elif main:
+                                write=writes)
+        elif writes:
             _ckpt_files.save_model(self.get_state_dict(model), save_directory, max_shard_size)
+
+    def _writes_files(self) -> bool:
+        """Whether this process writes ``save``/``save_model`` files: the main process, or
+        with ``save_on_each_node`` each machine's local main process (Accelerate's rule)."""
+        ctx = self._rt.context
+        return ctx.is_local_main_process if self._options.project.save_on_each_node \
+            else ctx.is_main_process
 
     def load_model(self, model: nn.Module, load_directory: str, strict: bool = True) -> Any:
         """Load weights written by ``save_model`` (or ``save``) into ``model``."""

@@ -332,7 +332,18 @@ class DataLoaderConfiguration:
 
 @dataclass
 class ProjectConfiguration:
-    """Where checkpoints and logs go (Accelerate's names)."""
+    """Where checkpoints and logs go (Accelerate's names).
+
+    ``save_on_each_node``: for machines without a shared filesystem. ``save_state`` then writes
+    a complete copy of each checkpoint on every machine (by its local main process, into that
+    machine's ``output_dir`` or ``project_dir``; rotation with ``total_limit`` on each),
+    ``load_state`` reads each machine's own copy, and ``save``/``save_model`` write on every
+    machine, as in Accelerate. Machines that share the directory still write it once.
+
+    Example:
+        >>> ProjectConfiguration(project_dir="runs", save_on_each_node=True).logging_dir
+        'runs'
+    """
 
     project_dir: str | None = None
     logging_dir: str | None = None

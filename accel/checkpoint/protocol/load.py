@@ -5,6 +5,11 @@ project) and broadcasts it; each rank loads the shared components, its own RNG s
 loaders with ``use_stateful_dataloader``) its loader positions; the ranks' outcomes are
 gathered, so a failure on one rank raises on all of them, and ranks that read different
 checkpoints (no shared filesystem) are caught.
+
+With ``save_on_each_node`` every machine holds its own copy (see :mod:`.copies`), so every rank
+resolves the checkpoint on its machine, as Accelerate's ``load_state`` does; the ranks first
+agree that each found one (the same ``checkpoint_<n>`` when the newest is asked for), and the
+copies of one save are recognised by the save id in their manifests.
 """
 
 from __future__ import annotations
@@ -64,26 +69,55 @@ def _check_counts(manifest: Manifest, snap: RunSnapshot, models: int) -> None:
                          "same order before load_state()")
 
 
+def _choice(input_dir: str | Path | None, project_dir: str | Path | None, missing_ok: bool
+            ) -> str | Exception | None:
+    """The checkpoint this process would load (None: none yet, ``missing_ok``), or the error
+    to raise on every rank."""
+    if input_dir is not None:
+        return str(input_dir)
+    if project_dir is None:
+        return ValueError("load_state() without input_dir needs Accelerator(project_dir=...) to "
+                          "find <project_dir>/checkpoints/checkpoint_<n>")
+    try:
+        found = latest_complete(checkpoints_root(project_dir))
+    except OSError as exc:  # sent to every rank so that none waits in a collective
+        return CheckpointError(f"cannot list {checkpoints_root(project_dir)}: {exc}")
+    if found is not None:
+        return str(found)
+    return None if missing_ok else FileNotFoundError(
+        f"no complete checkpoint under {checkpoints_root(project_dir)}; save_state() first, "
+        "pass input_dir, or load_state(missing_ok=True) to start fresh")
+
+
+def _agree_on_copies(picks: list[str | Exception | None], newest: bool) -> None:
+    """``save_on_each_node``: every rank found a copy (or none did), the same save's when the
+    newest is asked for."""
+    found = {r: Path(p) for r, p in enumerate(picks) if isinstance(p, str)}
+    lacking = [r for r, p in enumerate(picks) if p is None]
+    names = {p.name for p in found.values()}
+    if found and (lacking or (newest and len(names) > 1)):
+        seen = "; ".join(f"rank {r}: {Path(p).name if isinstance(p, str) else 'none'}"
+                         for r, p in enumerate(picks))
+        raise CheckpointError(
+            "load_state(): with save_on_each_node each machine loads its own copy, but the "
+            f"machines' newest complete checkpoints differ ({seen}): a save did not reach "
+            "every machine. Pass input_dir naming a checkpoint that every machine has")
+
+
 def _resolve_input(comm: Communicator, input_dir: str | Path | None,
-                   project_dir: str | Path | None, missing_ok: bool) -> Path | None:
-    choice: list[Any] = [None]
-    if comm.ctx.is_main_process:
-        if input_dir is not None:
-            choice = [str(input_dir)]
-        elif project_dir is None:
-            choice = [ValueError("load_state() without input_dir needs Accelerator(project_dir="
-                                 "...) to find <project_dir>/checkpoints/checkpoint_<n>")]
-        else:
-            found: Path | CheckpointError | None
-            try:
-                found = latest_complete(checkpoints_root(project_dir))
-            except OSError as exc:  # sent to every rank so that none waits in a collective
-                found = CheckpointError(f"cannot list {checkpoints_root(project_dir)}: {exc}")
-            choice = [found if isinstance(found, Exception) else str(found) if found
-                      else None if missing_ok else FileNotFoundError(
-                          f"no complete checkpoint under {checkpoints_root(project_dir)}; "
-                          "save_state() first, pass input_dir, or load_state(missing_ok=True) "
-                          "to start fresh")]
+                   project_dir: str | Path | None, missing_ok: bool, each_node: bool
+                   ) -> Path | None:
+    """Rank 0's choice, on every rank; with ``each_node`` each rank's own (see above)."""
+    if each_node:
+        mine = _choice(input_dir, project_dir, missing_ok)
+        picks = comm.gather_object([mine])
+        failed = [p for p in picks if isinstance(p, Exception)]
+        if failed:
+            raise failed[0]
+        _agree_on_copies(picks, newest=input_dir is None)
+        return None if mine is None else Path(str(mine))
+    choice: list[Any] = [_choice(input_dir, project_dir, missing_ok)
+                         if comm.ctx.is_main_process else None]
     picked = comm.broadcast_object_list(choice)[0]
     if isinstance(picked, Exception):
         raise picked
@@ -139,9 +173,15 @@ class _Loader:
 
 
 def _identity(manifest: Manifest) -> str:
-    """What makes two ranks' checkpoints the same one (paths may differ between nodes)."""
+    """What makes two ranks' checkpoints the same one (paths may differ between nodes): the
+    save id of the copies ``save_on_each_node`` writes (one per machine, each with its own
+    writer's files), else the creation time and every file."""
+    save_id = manifest.meta.get("save_id")
+    if isinstance(save_id, str):
+        return f"save {save_id}"
     listing = sorted((rel, rec.size, rec.sha256) for rel, rec in manifest.files.items())
-    return hashlib.sha256(json.dumps(listing).encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(json.dumps(listing).encode("utf-8")).hexdigest()
+    return f"written {manifest.created}, files {digest[:12]}"
 
 
 def _load_shared(ld: _Loader, snap: RunSnapshot) -> None:
@@ -241,11 +281,26 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
     ld.run(f"rank_{source}/loaders", loaders)
 
 
-def _load_on_this_rank(comm: Communicator, snap: RunSnapshot, path: Path, strict: bool
-                       ) -> tuple[LoadedRun | Exception, tuple[Any, ...]]:
+def _missing_here(path: Path, rank: int, each_node: bool) -> CheckpointError:
+    if each_node:
+        return CheckpointError(f"rank {rank}: {path} does not exist on this machine; with "
+                               "save_on_each_node each machine loads its own copy: pass an "
+                               "input_dir that exists on every machine", path=path)
+    return CheckpointError(
+        f"rank {rank} does not see {path}, which the main process picked: the machines do not "
+        "share this filesystem. Save with ProjectConfiguration(save_on_each_node=True) so that "
+        "each machine's local main process writes its own copy (and load_state() reads it), "
+        "or copy the checkpoint to every machine", path=path)
+
+
+def _load_on_this_rank(comm: Communicator, snap: RunSnapshot, path: Path, strict: bool,
+                       each_node: bool) -> tuple[LoadedRun | Exception, tuple[Any, ...]]:
     """Load everything this rank needs; returns (result or own error, outcome to gather)."""
     ctx = comm.ctx
     try:
+        if ctx.is_distributed and (each_node or not ctx.is_main_process) and \
+                not path.is_dir():
+            raise _missing_here(path, ctx.rank, each_node)
         manifest = read_manifest(path)
         _load_shared(_Loader(path, manifest, strict, ctx.rank), snap)
         _load_rank_state(_Loader(path, manifest, strict, ctx.rank), snap, ctx.rank,
@@ -253,14 +308,14 @@ def _load_on_this_rank(comm: Communicator, snap: RunSnapshot, path: Path, strict
         loaded = LoadedRun(path=path,
                            accumulation_step=int(manifest.meta.get("accumulation_step", 0)),
                            optimizer_steps=int(manifest.meta.get("optimizer_steps", 0)))
-        return loaded, ("ok", manifest.step, manifest.created, _identity(manifest))
+        return loaded, ("ok", manifest.step, _identity(manifest))
     except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller, then re-raised on this one
         return exc, ("error", f"{type(exc).__name__}: {exc}")
 
 
 def load_run(comm: Communicator, snap: RunSnapshot, input_dir: str | Path | None,
-             project_dir: str | Path | None, strict: bool = True, missing_ok: bool = False
-             ) -> LoadedRun | None:
+             project_dir: str | Path | None, strict: bool = True, missing_ok: bool = False,
+             *, save_on_each_node: bool = False) -> LoadedRun | None:
     """Restore ``snap``'s objects and this rank's RNG streams from a checkpoint, on every rank.
 
     Without ``input_dir`` the newest complete checkpoint under ``project_dir`` is loaded (or,
@@ -270,15 +325,19 @@ def load_run(comm: Communicator, snap: RunSnapshot, input_dir: str | Path | None
     raises on every rank (no rank is left waiting); ranks check that they loaded the same
     checkpoint. Warnings point at the caller of the function that calls this one.
 
+    ``save_on_each_node``: each rank loads the copy on its machine (``input_dir`` as this rank
+    was given it, or the newest under its own ``project_dir``); the ranks check that each
+    found one, of the same save.
+
     Raises:
         CheckpointError: a component is missing or corrupt (``strict``), a rank failed, or the
             ranks saw different checkpoints.
         FileNotFoundError: no complete checkpoint under ``project_dir`` and not ``missing_ok``.
     """
-    path = _resolve_input(comm, input_dir, project_dir, missing_ok)
+    path = _resolve_input(comm, input_dir, project_dir, missing_ok, save_on_each_node)
     if path is None:
         return None
-    loaded, mine = _load_on_this_rank(comm, snap, path, strict)
+    loaded, mine = _load_on_this_rank(comm, snap, path, strict, save_on_each_node)
     outcomes = comm.gather_object([mine])
     if isinstance(loaded, Exception):
         raise loaded
@@ -287,8 +346,7 @@ def load_run(comm: Communicator, snap: RunSnapshot, input_dir: str | Path | None
         raise CheckpointError(f"load_state({path}) failed on another rank: " + "; ".join(failed),
                               path=path)
     if len(set(outcomes)) != 1:
-        seen = "; ".join(f"rank {r}: step {o[1]}, written {o[2]}, files {o[3][:12]}"
-                         for r, o in enumerate(outcomes))
+        seen = "; ".join(f"rank {r}: step {o[1]}, {o[2]}" for r, o in enumerate(outcomes))
         raise CheckpointError(f"ranks loaded different checkpoints from {path} ({seen}); every "
                               "rank must see the same checkpoint directory (shared filesystem)",
                               path=path)

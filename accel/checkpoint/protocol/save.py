@@ -12,10 +12,15 @@ Layout of a checkpoint directory (all pickle-free, see :mod:`accel.checkpoint.st
     rank_1/loaders.json             every rank: each prepared loader's position
     manifest.json                   written last by rank 0, after every rank finished
 
-Protocol: rank 0 picks the target and a token and broadcasts them; every rank writes its files
-into the same temporary sibling directory; file records are gathered (also the barrier); rank 0
-writes the manifest, renames the directory into place and rotates; then it tells every rank the
-outcome, so a failure on any rank raises on all of them instead of hanging.
+Protocol: rank 0 picks the target and a token, creates the temporary sibling directory and
+broadcasts both; every rank writes its files into it; file records are gathered (also the
+barrier); rank 0 writes the manifest, renames the directory into place and rotates; then it
+tells every rank the outcome, so a failure on any rank raises on all of them instead of hanging.
+A rank that does not see the temporary directory (no shared filesystem) hands its states to rank
+0 with its records instead (see :mod:`.seal`). With ``save_on_each_node`` the local main process
+of each machine writes a complete copy on its machine, in the place of rank 0 above (the
+"rank 0" files are its own, the ``rank_<r>`` files every rank's; see :mod:`.copies`), and the
+copies are sealed together: renamed into place on every machine, or (one failing) withdrawn.
 
 Main process only: scripts written for Accelerate may call ``save_state`` under ``if
 accelerator.is_main_process:`` (the diffusers scripts). Given an :class:`Attendance`, rank 0
@@ -39,38 +44,24 @@ temporary directory, which no reader takes for a checkpoint.
 
 from __future__ import annotations
 
-import re
 import shutil
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ... import _tree, rng
-from ..._version import __version__
 from ...distributed import Communicator
 from ...distributed.attendance import Attendance, Roll
 from ..sharded.layout import ShardedFiles
-from ..storage import (
-    CheckpointError,
-    CheckpointWriter,
-    FileRecord,
-    checkpoints_root,
-    finalize,
-    new_token,
-    next_checkpoint_name,
-    rotate,
-    temp_dir_for,
-)
+from ..storage import CheckpointError, CheckpointWriter, checkpoints_root, temp_dir_for
 from .background import BackgroundSaves
-from .sharded import FQN_LAYOUT, distributed_state, queue_distributed
-from .snapshot import FileQueue, RunSnapshot, component_counts
+from .copies import SavePlan, pick_target, plan_save, refusal, unseen_note
+from .seal import Exported, RankPart, finish_save, seal
+from .sharded import distributed_state, queue_distributed
+from .snapshot import FileQueue, RunSnapshot
 
 __all__ = ["save_run"]
-
-#: A model accel wrote: whole (``model_0.safetensors``) or through DCP (``sharded/model_0/…``).
-_MODEL_FILE = re.compile(r"(?:model_(\d+)\.safetensors$|sharded/model_(\d+)/)")
-
 
 def _on_cpu(state: Any) -> Any:
     """Tensors of ``state`` on the CPU (XLA/CUDA tensors cannot be written directly).
@@ -79,20 +70,21 @@ def _on_cpu(state: Any) -> Any:
     return _tree.apply(lambda t: t.detach().cpu(), state)
 
 
-def _model_weights(snap: RunSnapshot, rank: int, tmp: Path) -> list[dict[str, Any]]:
-    """The model states rank 0 writes, after the save hooks took the ones they save themselves.
+def _model_weights(snap: RunSnapshot, tmp: Path, *, shared: bool) -> list[dict[str, Any]]:
+    """The model states a copy's writer (``shared``; rank 0 without ``save_on_each_node``)
+    writes, after the save hooks took the ones they save themselves.
 
     As in Accelerate, hooks run on every rank with every model's state and the directory being
     written (here the temporary one, so that what they write is part of the atomic checkpoint
     and listed in its manifest); an entry a hook pops from ``weights`` is not written by accel.
     """
     if not snap.save_hooks:
-        return [snap.model_io.model_state_dict(m) for m in snap.models] if rank == 0 else []
+        return [snap.model_io.model_state_dict(m) for m in snap.models] if shared else []
     models = list(snap.models)
     weights = [snap.model_io.model_state_dict(m) for m in models]
     for hook in snap.save_hooks:
         hook(models, weights, str(tmp))
-    return weights if rank == 0 else []
+    return weights if shared else []
 
 
 #: What the writer gets of a state: ``_on_cpu`` (a blocking save; CPU tensors as they are) or
@@ -101,20 +93,23 @@ ToHost = Callable[[Any], Any]
 
 
 def _queue_rank_files(writer: FileQueue, snap: RunSnapshot, rank: int,
-                      to_host: ToHost = _on_cpu) -> ShardedFiles:
-    """Queue this rank's files; states are encoded now, files written by the writer's threads.
-    Returns the DCP files this rank wrote itself (a run whose state lives in DTensors)."""
+                      to_host: ToHost = _on_cpu, *, shared: bool
+                      ) -> tuple[ShardedFiles, dict[str, Any]]:
+    """Queue this rank's files (``shared``: also the components every rank holds, which a
+    copy's writer writes); states are encoded now, files written by the writer's threads.
+    Returns the DCP files this rank wrote itself (a run whose state lives in DTensors) and
+    this rank's own states (RNG, loader positions) by file stem."""
     sharded = ShardedFiles()
     if distributed_state(snap.model_io):  # every rank takes part in models and optimizers
         sharded = queue_distributed(writer, snap, rank, to_host)
-    elif rank == 0:
-        for i, state in enumerate(_model_weights(snap, rank, writer.tmpdir)):
+    elif shared:
+        for i, state in enumerate(_model_weights(snap, writer.tmpdir, shared=True)):
             writer.write_tensors(f"model_{i}.safetensors", to_host(dict(state)))
         for i, opt in enumerate(snap.optimizers):
             writer.write_state(f"optimizer_{i}", to_host(opt.state_dict()))
     else:
-        _model_weights(snap, rank, writer.tmpdir)  # the hooks run on every rank
-    if rank == 0:
+        _model_weights(snap, writer.tmpdir, shared=False)  # the hooks run on every rank
+    if shared:
         for i, sched in enumerate(snap.schedulers):
             writer.write_state(f"scheduler_{i}", to_host(sched.state_dict()))
         scaler = snap.scaler.state_dict()
@@ -122,60 +117,73 @@ def _queue_rank_files(writer: FileQueue, snap: RunSnapshot, rank: int,
             writer.write_state("scaler", to_host(scaler))
         for i, obj in enumerate(snap.custom):
             writer.write_state(f"custom_{i}", to_host(obj.state_dict()))
-    writer.write_state(f"rank_{rank}/rng", to_host(rng.capture(snap.device)))
-    writer.write_state(f"rank_{rank}/loaders",
-                       to_host([loader.state_dict() for loader in snap.loaders]))
-    return sharded
-
-
-#: What a rank reports after writing its part: its files and the header hashes of its DCP
-#: files, or the error that stopped it.
-RankPart = tuple[dict[str, FileRecord], dict[str, str]]
+    own = {f"rank_{rank}/rng": to_host(rng.capture(snap.device)),
+           f"rank_{rank}/loaders": to_host([loader.state_dict() for loader in snap.loaders])}
+    for stem, state in own.items():
+        writer.write_state(stem, state)
+    return sharded, own
 
 
 class _Recorder:
-    """Records a rank's writes and hands them to the writer once every state is copied: the
-    writer's threads (hashing, writing, fsync) would otherwise compete with the copies for
-    cores and memory bandwidth while the training loop waits for them."""
+    """Records a rank's writes: handed to the writer once every state is copied (the writer's
+    threads, hashing, writing and fsyncing, would otherwise compete with the copies for cores
+    and memory bandwidth while the training loop waits for them), or, by a rank that does not
+    see the checkpoint's directory, to the rank that writes it."""
 
-    def __init__(self, writer: CheckpointWriter) -> None:
-        self.writer, self.tmpdir = writer, writer.tmpdir
-        self.calls: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+    def __init__(self, tmpdir: Path) -> None:
+        self.tmpdir = tmpdir
+        self.calls: Exported = []
 
     def write_tensors(self, relpath: str, tensors: dict[str, Any]) -> None:
-        self.calls.append((self.writer.write_tensors, (relpath, tensors)))
+        self.calls.append(("tensors", relpath, tensors))
 
     def write_state(self, stem: str, state: Any) -> None:
-        self.calls.append((self.writer.write_state, (stem, state)))
+        self.calls.append(("state", stem, state))
 
-    def replay(self) -> None:
+    def replay(self, writer: CheckpointWriter) -> None:
         """Queue the recorded files, last first: the small states (loader positions, RNG,
         schedulers) are encoded before the threads writing the big ones (optimizer, models)
         start taking turns with this thread for the GIL."""
-        for call, args in reversed(self.calls):
-            call(*args)
+        for kind, name, value in reversed(self.calls):
+            (writer.write_tensors if kind == "tensors" else writer.write_state)(name, value)
 
 
 class _RankFiles:
     """This rank's files of one checkpoint, queued at construction (states encoded, tensors
     handed to the writer) and written by the writer's threads, so that one file's hashing and
     fsync overlap another's writing; :meth:`result` waits for them. An error is kept, not
-    raised: every rank reports its outcome, so that none is left waiting in a collective."""
+    raised: every rank reports its outcome, so that none is left waiting in a collective.
+
+    ``shared``: this rank writes the components every rank holds (default: rank 0). Without
+    ``sees`` (it does not see the temporary directory) nothing is written; ``exported`` holds
+    what it would have written, for the rank that writes the checkpoint. ``export``: this
+    rank's own states go to ``exported`` too (for the other machines' copies)."""
 
     def __init__(self, target: Path, token: str, snap: RunSnapshot, rank: int,
-                 to_host: ToHost = _on_cpu) -> None:
+                 to_host: ToHost = _on_cpu, *, shared: bool | None = None, sees: bool = True,
+                 export: bool = False) -> None:
         self.what = f"rank {rank} could not write its part of {target}"
         self.writer: CheckpointWriter | None = None
         self.sharded = ShardedFiles()
         self.error: CheckpointError | None = None
+        self.exported: Exported | None = None
+        shared = rank == 0 if shared is None else shared
         try:
-            self.writer = CheckpointWriter(target, token)
-            if to_host is _on_cpu:
-                self.sharded = _queue_rank_files(self.writer, snap, rank, to_host)
-            else:  # copies: all of them first
-                recorder = _Recorder(self.writer)
-                self.sharded = _queue_rank_files(recorder, snap, rank, to_host)
-                recorder.replay()
+            if sees:
+                self.writer = CheckpointWriter(target, token)
+            if self.writer is not None and to_host is _on_cpu:
+                self.sharded, own = _queue_rank_files(self.writer, snap, rank, to_host,
+                                                      shared=shared)
+            else:  # copies (all of them first), or the files handed to the writing rank
+                recorder = _Recorder(temp_dir_for(target, token))
+                self.sharded, own = _queue_rank_files(recorder, snap, rank, to_host,
+                                                      shared=shared)
+                if self.writer is not None:
+                    recorder.replay(self.writer)
+                else:
+                    self.exported = recorder.calls
+            if export and self.exported is None:
+                self.exported = [("state", stem, state) for stem, state in own.items()]
         except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller
             self.error = CheckpointError(f"{self.what}: {exc}")
 
@@ -183,8 +191,10 @@ class _RankFiles:
         """This rank's records once every queued file is written, or its error. On failure
         the temporary directory is left to rank 0 (other ranks may still write there)."""
         try:
-            if self.error is not None or self.writer is None:
-                return self.error or CheckpointError(self.what)
+            if self.error is not None:
+                return self.error
+            if self.writer is None:  # it wrote nothing: its files travel in ``exported``
+                return {}, {}
             records = self.writer.wait()  # returns only after every file finished or failed
             return {**records, **self.sharded.records}, self.sharded.headers
         except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller
@@ -192,85 +202,6 @@ class _RankFiles:
         finally:
             if self.writer is not None:
                 self.writer.close()
-
-
-def _pick_target(output_dir: str | Path | None, root: Path | None) -> tuple[Path, str]:
-    """Rank 0: the checkpoint directory (``output_dir``, else the next name under ``root``),
-    its parent created, and a fresh temp token."""
-    try:
-        target = next_checkpoint_name(root) if root is not None else Path(str(output_dir))
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(f"cannot create the checkpoint directory's parent: {exc}") from exc
-    return target, new_token()
-
-
-def _plan_target(comm: Communicator, output_dir: str | Path | None, root: Path | None,
-                 blocking: bool = True) -> tuple[Path, str, bool]:
-    """Rank 0 picks the directory (``output_dir``, else the next name under ``root``) and the
-    temp token, and its ``blocking`` holds on every rank (one warning on a rank that asked
-    otherwise: the ranks must take the same path); a failure there raises on every rank."""
-    plan: list[Any] = [None, None, blocking]
-    if comm.ctx.is_main_process:
-        try:
-            target, token = _pick_target(output_dir, root)
-            plan = [str(target), token, blocking]
-        except CheckpointError as exc:  # sent to every rank so that none waits in a collective
-            plan = [exc, None, blocking]
-    target_s, token, agreed = comm.broadcast_object_list(plan)
-    if isinstance(target_s, Exception):
-        raise target_s
-    if agreed != blocking:
-        warnings.warn(f"rank {comm.ctx.rank}: save_state(blocking={blocking}) differs from the "
-                      f"main process's blocking={agreed}, which every rank follows; pass the "
-                      "same value on every rank", stacklevel=4)
-    return Path(target_s), token, bool(agreed)
-
-
-def _finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any],
-                 world_size: int, limit: int | None, keep: Sequence[Path],
-                 absent: Sequence[int] = ()) -> Exception | None:
-    """Rank 0: manifest, rename, rotation; returns the error to report to every rank.
-
-    ``absent``: ranks that did not write their states (a save by the main process alone)."""
-    failed = [r for r in gathered if isinstance(r, Exception)]
-    if not failed:
-        merged = {k: v for files, _headers in gathered for k, v in files.items()}
-        meta = _meta(snap, merged, {k: v for _files, h in gathered for k, v in h.items()})
-        if absent:
-            meta["absent_rank_states"] = list(absent)
-        try:
-            finalize(tmp, target, step=snap.optimizer_steps, world_size=world_size, meta=meta,
-                     records=merged, accel_version=__version__)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank, then re-raised
-            failed = [CheckpointError(f"finishing checkpoint {target} failed: {exc}")]
-    if failed:
-        if tmp.exists():  # an unfinished save leaves nothing behind (it never had a manifest)
-            shutil.rmtree(tmp)
-        return failed[0]
-    if limit is not None:
-        try:
-            rotate(target.parent, limit, keep=[target, *keep])
-        except (OSError, ValueError) as exc:
-            return CheckpointError(f"checkpoint {target} is complete, but rotating the older "
-                                   f"ones (total_limit={limit}) failed: {exc}")
-    return None
-
-
-def _meta(snap: RunSnapshot, files: Mapping[str, FileRecord], headers: Mapping[str, str]
-          ) -> dict[str, Any]:
-    """The manifest's ``meta``: run position, component counts, and how models and optimizers
-    are stored when the run's state lives in DTensors."""
-    # models: those accel wrote (save hooks may have saved some themselves)
-    written = {m.group(1) or m.group(2) for rel in files if (m := _MODEL_FILE.match(rel))}
-    counts = dict(component_counts(snap), models=len(written))
-    meta: dict[str, Any] = {"accumulation_step": snap.accumulation_step,
-                            "optimizer_steps": snap.optimizer_steps, "counts": counts}
-    if distributed_state(snap.model_io):
-        meta["optimizer_layout"] = FQN_LAYOUT
-    if headers:
-        meta["sharded"] = {"headers": dict(sorted(headers.items()))}
-    return meta
 
 
 def _warn_about(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
@@ -311,11 +242,11 @@ def _save_alone(snap: RunSnapshot, roll: Roll, output_dir: str | Path | None, ro
                       "checkpoint alone (without the other ranks' RNG states and loader "
                       "positions); call save_state() on every rank, or on the main process "
                       "only", stacklevel=4)
-    target, token = _pick_target(output_dir, root)
+    target, token = pick_target(output_dir, root)
     tmp = temp_dir_for(target, token)
     records = _RankFiles(target, token, snap, 0).result()
     keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
-    error = _finish_save(tmp, target, snap, [records], world_size, limit, keep,
+    error = finish_save(tmp, target, snap, [records], world_size, limit, keep,
                          absent=range(1, world_size))
     if error is not None:
         raise error
@@ -372,25 +303,6 @@ def _rotation(output_dir: str | Path | None, total_limit: int | None,
         total_limit if total_limit is not None else project_total_limit
 
 
-def _seal(gather: Callable[[list[Any]], list[Any]], share: Callable[[list[Any]], list[Any]],
-          comm: Communicator, snap: RunSnapshot, target: Path, token: str, part: _RankFiles,
-          limit: int | None) -> Exception | None:
-    """Every rank: wait for this rank's files, ``gather`` the records; rank 0 writes the
-    manifest, renames and rotates; ``share`` its outcome. Returns the error every rank raises.
-
-    A blocking save passes the communicator's own collectives; a background save passes the
-    same exchanges on its gloo group (the training group is the training thread's)."""
-    ctx = comm.ctx
-    gathered = gather([part.result()])
-    outcome: list[Any] = [None]
-    if ctx.is_main_process:
-        keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
-        outcome = [_finish_save(temp_dir_for(target, token), target, snap, gathered,
-                                ctx.world_size, limit, keep)]
-    error: Exception | None = share(outcome)[0]
-    return error
-
-
 def _refuse_dcp(snap: RunSnapshot) -> None:
     """Sharded (DCP) state is written by collectives that need the training group for the
     whole write; the same on every rank, so every rank raises here."""
@@ -402,17 +314,61 @@ def _refuse_dcp(snap: RunSnapshot) -> None:
             "gathered in the foreground and written by the main process in the background")
 
 
-def _save_in_background(comm: Communicator, snap: RunSnapshot, target: Path, token: str,
+def _rank_files(plan: SavePlan, snap: RunSnapshot, rank: int, to_host: ToHost = _on_cpu
+                ) -> _RankFiles:
+    """This rank's part of the save ``plan`` describes."""
+    token = plan.copies[plan.mine if plan.mine is not None else plan.machine].token
+    return _RankFiles(plan.target, token, snap, rank, to_host, shared=plan.writes_shared(rank),
+                      sees=plan.mine is not None, export=plan.each_node)
+
+
+def _warn_unseen(comm: Communicator, plan: SavePlan, mines: list[int | None],
+                 background: BackgroundSaves | None) -> None:
+    """The main process, once: ranks that did not see the checkpoint's directory (stacklevel:
+    here, _seal or _save_in_background, save_run, the facade's save_state, its caller)."""
+    note = unseen_note(plan, mines)
+    if note is not None and comm.ctx.is_main_process and \
+            (background is None or background.once("unseen")):
+        warnings.warn(note, stacklevel=5)
+
+
+def _warn_alone(roll: Roll, *, blocking: bool, each_node: bool,
+                background: BackgroundSaves | None) -> None:
+    """The main process saving alone: what it cannot do then (stacklevel: here, save_run, the
+    facade's save_state, its caller)."""
+    if not blocking and background is not None and background.once("alone"):
+        warnings.warn("save_state(blocking=False) on the main process alone (" + roll.reason
+                      + ") blocks: the background part needs every rank; call save_state() "
+                      "on every rank to save without blocking", stacklevel=4)
+    if each_node and (background is None or background.once("each_node")):
+        warnings.warn("ProjectConfiguration(save_on_each_node=True) is not applied to this "
+                      f"save: save_state() was called on the main process only ({roll.reason}),"
+                      " so only this machine gets the checkpoint; call save_state() on every "
+                      "process so that each machine's local main process writes its copy",
+                      stacklevel=4)
+
+
+def _save_in_background(comm: Communicator, snap: RunSnapshot, plan: SavePlan,
                         limit: int | None, background: BackgroundSaves) -> Path:
     """Every rank: copy its state to host memory and queue its files (foreground, with every
     collective of the state dicts), agree that all ranks could (a state that cannot be stored
     raises now, on every rank), and leave the rest to the background thread."""
+    try:
+        _refuse_dcp(snap)
+    except CheckpointError:
+        if plan.copies[plan.machine].writer == comm.ctx.rank:  # it created the directory
+            shutil.rmtree(plan.copies[plan.machine].tmpdir, ignore_errors=True)
+        raise
     side = background.side_group(comm)  # collective the first time: every rank is here
-    part = _RankFiles(target, token, snap, comm.ctx.rank, background.host_copy)
-    if not all(comm.gather_object([part.error is None])):
-        error = _seal(comm.gather_object, comm.broadcast_object_list, comm, snap, target,
-                      token, part, limit)
-        raise error or CheckpointError(f"a rank could not queue its part of {target}")
+    part = _rank_files(plan, snap, comm.ctx.rank, background.host_copy)
+    agreed = comm.gather_object([(part.error is None, plan.mine)])
+    mines = [mine for _ok, mine in agreed]
+    if not all(ok for ok, _mine in agreed) or refusal(
+            plan, mines, distributed=distributed_state(snap.model_io), sharded=False):
+        error = seal(comm.gather_object, comm.broadcast_object_list, comm, snap, plan, part,
+                     limit)
+        raise error or CheckpointError(f"a rank could not queue its part of {plan.target}")
+    _warn_unseen(comm, plan, mines, background)
 
     def gather(obj: list[Any]) -> list[Any]:
         return comm.gather_object(obj, group=side)
@@ -420,16 +376,17 @@ def _save_in_background(comm: Communicator, snap: RunSnapshot, target: Path, tok
     def share(outcome: list[Any]) -> list[Any]:
         return gather(outcome)[:1]  # rank 0's
 
-    background.start(target, lambda: _seal(gather, share, comm, snap, target, token, part,
-                                           limit))
-    return target
+    background.start(plan.target, lambda: seal(gather, share, comm, snap, plan, part, limit))
+    return plan.target
 
 
 def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
              total_limit: int | None, project_dir: str | Path | None,
              project_total_limit: int | None, attendance: Attendance | None = None, *,
-             blocking: bool = True, background: BackgroundSaves | None = None) -> Path:
-    """Write a checkpoint of ``snap`` from every rank; returns its directory.
+             blocking: bool = True, background: BackgroundSaves | None = None,
+             save_on_each_node: bool = False) -> Path:
+    """Write a checkpoint of ``snap`` from every rank; returns its directory (on this rank's
+    machine).
 
     Call it on every rank, or, given ``attendance``, on the main process only (then rank 0
     writes everything it can alone; see the module's docstring). Without ``output_dir`` the
@@ -444,6 +401,10 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     checkpoint appears, complete, when ``background`` finishes (see :mod:`.background`), and
     an error there is raised by ``background.wait()``. On the main process alone it blocks (one
     warning). FSDP's SHARDED_STATE_DICT is refused (its DCP write needs the training group).
+
+    ``save_on_each_node`` (Accelerate's ``ProjectConfiguration`` flag): each machine's local
+    main process writes a complete copy, on its machine (see :mod:`.copies`); on the main
+    process alone (see above) it cannot, and says so.
 
     Raises:
         ValueError: neither ``output_dir`` nor ``project_dir`` was given.
@@ -462,18 +423,14 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     if not roll.everyone and attendance is not None:
         if not ctx.is_main_process:
             return _follow_main(comm, roll, attendance)
-        if not blocking and background is not None and background.once("alone"):
-            warnings.warn("save_state(blocking=False) on the main process alone (" + roll.reason
-                          + ") blocks: the background part needs every rank; call save_state() "
-                          "on every rank to save without blocking", stacklevel=3)
+        _warn_alone(roll, blocking=blocking, each_node=save_on_each_node, background=background)
         return _main_alone(snap, roll, attendance, output_dir, root, limit, ctx.world_size)
-    target, token, blocking = _plan_target(comm, output_dir, root, blocking)
-    if not blocking and background is not None:
-        _refuse_dcp(snap)
-        return _save_in_background(comm, snap, target, token, limit, background)
-    part = _RankFiles(target, token, snap, ctx.rank)
-    error = _seal(comm.gather_object, comm.broadcast_object_list, comm, snap, target, token,
-                  part, limit)
+    plan = plan_save(comm, output_dir, root, blocking=blocking, each_node=save_on_each_node)
+    if not plan.blocking and background is not None:
+        return _save_in_background(comm, snap, plan, limit, background)
+    part = _rank_files(plan, snap, ctx.rank)
+    error = seal(comm.gather_object, comm.broadcast_object_list, comm, snap, plan, part, limit,
+                 say=lambda mines: _warn_unseen(comm, plan, mines, background))
     if error is not None:
         raise error
-    return target
+    return plan.target

@@ -212,8 +212,8 @@ class ModelFilesWriter:
             index = {"metadata": {"total_size": self.total}, "weight_map": self.weight_map}
             _write_json_atomic(self.directory / INDEX_NAME, index)
             stale = [p for p in stale if p.name != INDEX_NAME]
-        for path in stale:
-            path.unlink()
+        for path in stale:  # another machine's writer (save_on_each_node on a shared
+            path.unlink(missing_ok=True)  # filesystem) may have removed it first
         return self.directory / (INDEX_NAME if len(self.names) > 1 else WEIGHTS_NAME)
 
 
