@@ -20,7 +20,7 @@ from typing import Any
 from .. import _tree
 from .plan import Unit, rank_steps
 
-__all__ = ["ChunkRounds", "CountingCollate", "count_samples", "rank_steps"]
+__all__ = ["ChunkRounds", "CountingCollate", "clone_batch", "count_samples", "rank_steps"]
 
 _OTHER = object()  # stands for another rank's chunk, which this rank does not keep
 
@@ -51,7 +51,8 @@ class CountingCollate:
         return batch, (len(data) if self.batched else count_samples(batch))
 
 
-def _clone(batch: Any) -> Any:
+def clone_batch(batch: Any) -> Any:
+    """A copy of ``batch`` whose tensors the user cannot change through the original."""
     return _tree.apply(lambda t: t.clone(), batch)
 
 
@@ -99,7 +100,7 @@ class ChunkRounds:
 
     def _remember(self, slot: int, batch: Any, count: int) -> None:
         if slot == self.rank:
-            self.own_first = Unit(_clone(batch), int(count))
+            self.own_first = Unit(clone_batch(batch), int(count))
         elif slot < self.rank:  # may be needed if the stream has at most `rank` chunks
             self.first_round.append(Unit(batch, int(count)))
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .. import _tree
+from .iterable import clone_batch
 from .plan import Step
 
 __all__ = ["WINDOW", "Exchange", "RankLocal", "Share", "fingerprint", "local_steps",
@@ -105,10 +105,6 @@ def _feed(digest: Any, data: Any) -> None:
         digest.update(f"V{data!r}".encode())
 
 
-def _clone(batch: Any) -> Any:
-    return _tree.apply(lambda t: t.clone(), batch)
-
-
 class _Reader:
     """This rank's stream, read ahead by up to ``WINDOW + 1`` chunks."""
 
@@ -146,16 +142,13 @@ def local_steps(chunks: Iterator[tuple[Any, int]], *, exchange: Exchange | None,
     """
     reader = _Reader(chunks)
     index = 0
-    first = True
     while True:
         reader.fill()
         if exchange is None:
-            plan = _alone(reader)
+            steps, final = _alone(reader)
         else:
-            plan = _agree(reader, exchange([len(reader.buffer), int(reader.ended)]),
-                          share=share, first=first, rank=rank)
-        first = False
-        steps, final = plan
+            steps, final = _agree(reader, exchange([len(reader.buffer), int(reader.ended)]),
+                                  share=share, first=index == 0, rank=rank)
         for k in range(steps):
             batch, size, real = reader.take()
             if index >= skip:
@@ -192,25 +185,24 @@ def _agree(reader: _Reader, everyone: list[list[int]], *, share: Share | None,
     drained = steps > mine or (steps == mine and not final)  # steps may follow this rank's last
     if reader.ended and drained and reader.pad is None and mine:
         last, count = reader.buffer[-1]  # the user may change a batch in place: repeat a copy
-        reader.pad = (_clone(last), int(count))
+        reader.pad = (clone_batch(last), int(count))
     return steps, final
 
 
 class RankLocal:
     """Whether an iterable loader's stream is rank-local, and how its ranks agree.
 
-    ``reason`` says why it is known to be rank-local (``already_sharded=True``, a recognised
-    source); ``None`` means "global unless the ranks' streams differ", decided by ``decide``
-    (lengths, at ``prepare()``) or ``detect`` (first batches, at the first pass) and then kept.
+    ``known``: it is rank-local (``already_sharded=True``, a recognised source); otherwise it
+    is global unless the ranks' streams differ, decided by ``decide`` (lengths, at
+    ``prepare()``) or ``detect`` (first batches, at the first pass) and then kept.
     ``exchange``/``share`` are ``None`` when this process cannot talk to the other ranks (one
     process, or a shard built for another rank in a process alone).
     """
 
-    def __init__(self, *, reason: str | None, rank: int, world: int, even: bool,
+    def __init__(self, *, known: bool, rank: int, world: int, even: bool,
                  exchange: Exchange | None, share: Share | None) -> None:
-        self.reason = reason
-        self.rank_local = reason is not None
-        self.decided = reason is not None or exchange is None
+        self.rank_local = known
+        self.decided = known or exchange is None  # nothing to detect alone
         self.rank, self.world, self.even = rank, world, even
         self.exchange, self.share = exchange, share
         self.steps_per_pass: int | None = None  # the longest rank's batches, when lengths are known
@@ -229,7 +221,7 @@ class RankLocal:
     def detect(self, chunks: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int]]:
         """``chunks`` unchanged, after the ranks compared the fingerprints of their first
         ``world`` chunks (once per loader: the first pass decides)."""
-        if self.decided or self.exchange is None:
+        if self.decided or self.exchange is None:  # (the second: for the type checker)
             return chunks
         head = [item for _, item in zip(range(self.world), chunks, strict=False)]
         mine = [fingerprint(batch for batch, _ in head), len(head)]
@@ -257,7 +249,6 @@ class RankLocal:
         """Rank-local after all: say so once, on the main process, at the user's line
         (``stacklevel`` frames up)."""
         self.rank_local = True
-        self.reason = why
         if self.rank == 0:
             warnings.warn(
                 f"the iterable dataset of a prepared DataLoader reads a different stream on each "

@@ -65,20 +65,23 @@ def select_source(loader: DataLoader[Any], ctx: ProcessContext,
             raise ValueError(f"the dataset was split for {split_world} "
                              f"processes but this job has {world}; split it with "
                              f"split_dataset_by_node(..., world_size={world})")
-        presplit = presplit_source(dataset)
-        reason = "already_sharded=True" if config.already_sharded else presplit
-        talks = comm.ctx.world_size == world > 1  # not a shard built in a process alone
-        local = RankLocal(
-            reason=reason, rank=rank, world=world, even=config.even_batches,
-            exchange=(lambda values: comm.gather(torch.tensor([values])).tolist()) if talks
-            else None,
-            share=(lambda obj, src: comm.broadcast_object_list([obj], src)[0]) if talks
-            else None)
+        known = bool(config.already_sharded) or presplit_source(dataset) is not None
+        local = RankLocal(known=known, rank=rank, world=world, even=config.even_batches,
+                          **_channels(comm, world))
         return IterableSource(loader, rank=rank, world=world, even=config.even_batches,
                               split=config.split_batches, seed=seed, local=local)
     return MapSource(loader, rank=rank, world=world, even=config.even_batches,
                      split=config.split_batches, seed=seed,
                      seedable=bool(config.use_seedable_sampler))
+
+
+def _channels(comm: Communicator, world: int) -> dict[str, Any]:
+    """``exchange`` and ``share`` for ``RankLocal`` over ``comm``; ``None`` for a shard built
+    in a process alone (its communicator does not reach the other ranks) or one process."""
+    if not comm.ctx.world_size == world > 1:
+        return {"exchange": None, "share": None}
+    return {"exchange": lambda values: comm.gather(torch.tensor([values])).tolist(),
+            "share": lambda obj, src: comm.broadcast_object_list([obj], src)[0]}
 
 
 def check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Communicator, *,
@@ -90,15 +93,15 @@ def check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Commun
     """
     if comm.ctx.world_size == 1:
         return
-    iterable = isinstance(source, IterableSource)
-    mine = (type(source).__name__, None if iterable else dataset_length(loader.dataset),
-            loader.batch_size, already_sharded)
-    own = source.own_batches() if isinstance(source, IterableSource) else None
+    iterable = source if isinstance(source, IterableSource) else None
+    length = None if iterable is not None else dataset_length(loader.dataset)
+    mine = (type(source).__name__, length, loader.batch_size, already_sharded)
+    own = iterable.own_batches() if iterable is not None else None
     everyone = comm.gather_object([(mine, own)])
     if any(tuple(item) != mine for item, _ in everyone):
         lines = "; ".join(f"rank {r}: {tuple(item)}" for r, (item, _) in enumerate(everyone))
         raise ValueError("ranks prepared different data loaders (kind, dataset length, batch "
                          f"size, already_sharded): {lines}; every rank must prepare the same "
                          "loader with the same DataLoaderConfiguration")
-    if isinstance(source, IterableSource) and comm.ctx.world_size == source.world:
-        source.local.decide([batches for _, batches in everyone])
+    if iterable is not None and comm.ctx.world_size == iterable.world:
+        iterable.local.decide([batches for _, batches in everyone])

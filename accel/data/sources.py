@@ -306,7 +306,7 @@ class IterableSource(_Source):
     def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
                  split: bool, seed: int = 0, local: RankLocal | None = None) -> None:
         super().__init__(loader, rank=rank, seed=seed)
-        self.local = local or RankLocal(reason=None, rank=rank, world=world, even=even,
+        self.local = local or RankLocal(known=False, rank=rank, world=world, even=even,
                                         exchange=None, share=None)
         self.world, self.even = world, even and world > 1
         self.batched = loader.batch_size is not None

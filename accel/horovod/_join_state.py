@@ -302,15 +302,16 @@ def stop_joins(session: Session) -> None:
         state.stop()
 
 
-def refuse_untracked(session: Session, *, ranks: Sequence[int] | None, what: str) -> None:
+def refuse_untracked(session: Session, *, group: Any, what: str) -> None:
     """Before a collective a joined rank cannot take part in (it is not issued through
-    ``begin``): raise if a rank of ``ranks`` (None: every rank) is known to have joined.
+    ``begin``): raise if a rank of ``group`` (None: every rank) is known to have joined.
 
     Only a rank whose watcher has seen the join can know it (a rank that issues the collective
     in the moment between another rank's join and its watcher waking waits for it)."""
     state = joins_of(session)
     if state is None or state._seen < state.generation:
-        return
+        return  # the fast path: nobody has joined (as far as this rank knows)
+    ranks = None if group is None else dist.get_process_group_ranks(group)
     joined = [r for r in state.registry(state.generation)
               if r != state.rank and (ranks is None or r in ranks)]
     if joined:

@@ -32,7 +32,6 @@ import weakref
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..distributed.batchnorm import SyncBatchNorm as _AnyDeviceSyncBatchNorm
 from ..distributed.batchnorm import parse_mode
@@ -86,9 +85,7 @@ class SyncBatchNorm(_AnyDeviceSyncBatchNorm):
         if self.training:
             self._resolve_group()
             if self._group_size() > 1:
-                ranks = (None if self.process_group is None
-                         else dist.get_process_group_ranks(self.process_group))
-                refuse_untracked(current(), ranks=ranks, what="SyncBatchNorm")
+                refuse_untracked(current(), group=self.process_group, what="SyncBatchNorm")
         return super().forward(input)
 
     def _resolve_group(self) -> None:
