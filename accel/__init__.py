@@ -14,32 +14,32 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from ._base.version import __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "Accelerator": "accel.accelerator",
-    "AutocastKwargs": "accel.config",
-    "DDPCommunicationHookType": "accel.config",
-    "DataLoaderConfiguration": "accel.config",
-    "DistributedDataParallelKwargs": "accel.config",
-    "DistributedType": "accel.config",
-    "GradScalerKwargs": "accel.config",
-    "GradientAccumulationPlugin": "accel.config",
-    "InitProcessGroupKwargs": "accel.config",
-    "PrecisionType": "accel.config",
-    "ProjectConfiguration": "accel.config",
-    "AcceleratorState": "accel.state",
-    "GradientState": "accel.state",
-    "PartialState": "accel.state",
-    "TorchDynamoPlugin": "accel.dynamo",
-    "FullyShardedDataParallelPlugin": "accel.fsdp_config",
-    "ParallelismConfig": "accel.fsdp_config",
-    "GeneralTracker": "accel.tracking",
+    "Accelerator": "accel.compat.accelerator",
+    "AutocastKwargs": "accel.config.settings",
+    "DDPCommunicationHookType": "accel.config.settings",
+    "DataLoaderConfiguration": "accel.config.settings",
+    "DistributedDataParallelKwargs": "accel.config.settings",
+    "DistributedType": "accel.config.settings",
+    "GradScalerKwargs": "accel.config.settings",
+    "GradientAccumulationPlugin": "accel.config.settings",
+    "InitProcessGroupKwargs": "accel.config.settings",
+    "PrecisionType": "accel.config.settings",
+    "ProjectConfiguration": "accel.config.settings",
+    "AcceleratorState": "accel.compat.state",
+    "GradientState": "accel.compat.state",
+    "PartialState": "accel.compat.state",
+    "TorchDynamoPlugin": "accel.strategy.compile",
+    "FullyShardedDataParallelPlugin": "accel.config.fsdp",
+    "ParallelismConfig": "accel.config.fsdp",
+    "GeneralTracker": "accel.tracking.trackers",
     "debug_launcher": "accel.launch.notebook",
-    "find_executable_batch_size": "accel.memory",
-    "is_rich_available": "accel.availability",
-    "free_memory": "accel.memory",
+    "find_executable_batch_size": "accel.run.memory",
+    "is_rich_available": "accel.device.availability",
+    "free_memory": "accel.run.memory",
     "infer_auto_device_map": "accel.big_modeling",
     "init_empty_weights": "accel.big_modeling",
     "cpu_offload": "accel.big_modeling",
@@ -49,16 +49,16 @@ _EXPORTS: dict[str, str] = {
     "load_checkpoint_and_dispatch": "accel.big_modeling",
     "load_checkpoint_in_model": "accel.big_modeling",
     "init_on_device": "accel.big_modeling",
-    "get_logger": "accel.logging",
+    "get_logger": "accel.env.log",
     "load": "accel.checkpoint",
     "notebook_launcher": "accel.launch.notebook",
-    "release_memory": "accel.memory",
+    "release_memory": "accel.run.memory",
     "save": "accel.checkpoint",
     "set_seed": "accel.utils",
     "skip_first_batches": "accel.data",
     "spawn": "accel.launch.spawning",
     "synchronize_rng_states": "accel.utils",
-    "tqdm": "accel.progress",
+    "tqdm": "accel.run.progress",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
@@ -78,8 +78,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .accelerator import Accelerator as Accelerator
-    from .availability import is_rich_available as is_rich_available
     from .big_modeling import cpu_offload as cpu_offload
     from .big_modeling import cpu_offload_with_hook as cpu_offload_with_hook
     from .big_modeling import disk_offload as disk_offload
@@ -91,31 +89,33 @@ if TYPE_CHECKING:  # pragma: no cover
     from .big_modeling import load_checkpoint_in_model as load_checkpoint_in_model
     from .checkpoint import load as load
     from .checkpoint import save as save
-    from .config import AutocastKwargs as AutocastKwargs
-    from .config import DataLoaderConfiguration as DataLoaderConfiguration
-    from .config import DDPCommunicationHookType as DDPCommunicationHookType
-    from .config import DistributedDataParallelKwargs as DistributedDataParallelKwargs
-    from .config import DistributedType as DistributedType
-    from .config import GradientAccumulationPlugin as GradientAccumulationPlugin
-    from .config import GradScalerKwargs as GradScalerKwargs
-    from .config import InitProcessGroupKwargs as InitProcessGroupKwargs
-    from .config import PrecisionType as PrecisionType
-    from .config import ProjectConfiguration as ProjectConfiguration
+    from .compat.accelerator import Accelerator as Accelerator
+    from .compat.state import AcceleratorState as AcceleratorState
+    from .compat.state import GradientState as GradientState
+    from .compat.state import PartialState as PartialState
+    from .config.fsdp import FullyShardedDataParallelPlugin as FullyShardedDataParallelPlugin
+    from .config.fsdp import ParallelismConfig as ParallelismConfig
+    from .config.settings import AutocastKwargs as AutocastKwargs
+    from .config.settings import DataLoaderConfiguration as DataLoaderConfiguration
+    from .config.settings import DDPCommunicationHookType as DDPCommunicationHookType
+    from .config.settings import DistributedDataParallelKwargs as DistributedDataParallelKwargs
+    from .config.settings import DistributedType as DistributedType
+    from .config.settings import GradientAccumulationPlugin as GradientAccumulationPlugin
+    from .config.settings import GradScalerKwargs as GradScalerKwargs
+    from .config.settings import InitProcessGroupKwargs as InitProcessGroupKwargs
+    from .config.settings import PrecisionType as PrecisionType
+    from .config.settings import ProjectConfiguration as ProjectConfiguration
     from .data import skip_first_batches as skip_first_batches
-    from .dynamo import TorchDynamoPlugin as TorchDynamoPlugin
-    from .fsdp_config import FullyShardedDataParallelPlugin as FullyShardedDataParallelPlugin
-    from .fsdp_config import ParallelismConfig as ParallelismConfig
+    from .device.availability import is_rich_available as is_rich_available
+    from .env.log import get_logger as get_logger
     from .launch.notebook import debug_launcher as debug_launcher
     from .launch.notebook import notebook_launcher as notebook_launcher
     from .launch.spawning import spawn as spawn
-    from .logging import get_logger as get_logger
-    from .memory import find_executable_batch_size as find_executable_batch_size
-    from .memory import free_memory as free_memory
-    from .memory import release_memory as release_memory
-    from .progress import tqdm as tqdm
-    from .state import AcceleratorState as AcceleratorState
-    from .state import GradientState as GradientState
-    from .state import PartialState as PartialState
-    from .tracking import GeneralTracker as GeneralTracker
+    from .run.memory import find_executable_batch_size as find_executable_batch_size
+    from .run.memory import free_memory as free_memory
+    from .run.memory import release_memory as release_memory
+    from .run.progress import tqdm as tqdm
+    from .strategy.compile import TorchDynamoPlugin as TorchDynamoPlugin
+    from .tracking.trackers import GeneralTracker as GeneralTracker
     from .utils import set_seed as set_seed
     from .utils import synchronize_rng_states as synchronize_rng_states

@@ -1,27 +1,27 @@
-"""Accelerate's ``accelerate.hooks`` module path: the model hooks of :mod:`accel.big_modeling`.
+"""Accelerate's ``accelerate.hooks``: ModelHook, add_hook_to_module, offload hooks.
+
+A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
 
 Example:
-    >>> import torch
-    >>> from accel.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
-    >>> layer = add_hook_to_module(torch.nn.Linear(2, 2), ModelHook())
-    >>> hasattr(remove_hook_from_module(layer), "_hf_hook")
-    False
+    >>> from accel.hooks import ModelHook
+    >>> ModelHook.__name__
+    'ModelHook'
 """
 
 from __future__ import annotations
 
-from .big_modeling.hooks import (
-    AlignDevicesHook,
-    CpuOffload,
-    ModelHook,
-    SequentialHook,
-    UserCpuOffloadHook,
-    add_hook_to_module,
-    remove_hook_from_module,
-    remove_hook_from_submodules,
-)
-from .big_modeling.tensors import named_module_tensors, set_module_tensor_to_device
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AlignDevicesHook", "CpuOffload", "ModelHook", "SequentialHook", "UserCpuOffloadHook",
-           "add_hook_to_module", "named_module_tensors", "remove_hook_from_module",
-           "remove_hook_from_submodules", "set_module_tensor_to_device"]
+from .compat import paths as _paths
+
+
+def __getattr__(name: str) -> Any:
+    return _paths.resolve(__name__, name, globals())
+
+
+def __dir__() -> list[str]:
+    return _paths.names(__name__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .big_modeling.hooks import *  # noqa: F403

@@ -42,12 +42,7 @@ from .hooks import (
     set_module_tensor,
     storage_key,
 )
-from .offload import (
-    OffloadedWeightsLoader,
-    PrefixedDataset,
-    offload_state_dict,
-    read_offload_index,
-)
+from .offload import OffloadedWeightsLoader, PrefixedDataset, offload_state_dict, read_offload_index
 from .placement import unplaced_tensors
 
 __all__ = ["cpu_offload", "cpu_offload_with_hook", "dispatch_model", "disk_offload"]

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..memory import clear_device_cache
+from ..run.memory import clear_device_cache
 from . import hooks
 from .hooks import AlignDevicesHook, as_device
 from .sizes import parse_dtype

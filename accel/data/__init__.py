@@ -33,12 +33,7 @@ from .loader import (
     skip_first_batches,
 )
 from .metrics import gather_for_metrics
-from .samplers import (
-    BatchSamplerShard,
-    SeedableRandomSampler,
-    SeedableSampler,
-    SkipBatchSampler,
-)
+from .samplers import BatchSamplerShard, SeedableRandomSampler, SeedableSampler, SkipBatchSampler
 from .transfer import send_to_device
 from .trim import trim_batch
 

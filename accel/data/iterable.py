@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import _tree
+from .._base import tree as _tree
 from .plan import Unit, rank_steps
 
 __all__ = ["ChunkRounds", "CountingCollate", "clone_batch", "count_samples", "rank_steps"]

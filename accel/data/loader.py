@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..config import DataLoaderConfiguration
+from ..config.settings import DataLoaderConfiguration
 from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
 from .plan import Step

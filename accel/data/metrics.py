@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _tree
+from .._base import tree as _tree
 from ..distributed import Communicator
 from .loader import DataTracker
 

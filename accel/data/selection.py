@@ -14,17 +14,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..config import DataLoaderConfiguration
+from ..config.settings import DataLoaderConfiguration
 from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
 from .local import RankLocal, presplit_source
-from .sources import (
-    IterableSource,
-    MapSource,
-    PassthroughSource,
-    _Source,
-    find_distributed_sampler,
-)
+from .sources import IterableSource, MapSource, PassthroughSource, _Source, find_distributed_sampler
 
 __all__ = ["check_same_everywhere", "dataset_length", "select_source"]
 

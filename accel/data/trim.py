@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._tree import is_namedtuple
+from .._base.tree import is_namedtuple
 
 __all__ = ["trim_batch"]
 

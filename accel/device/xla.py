@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from .. import _optional, env
+from .. import env
+from .._base import optional as _optional
 from .base import Device
 
 __all__ = ["XLADevice", "mark_step", "seed_from_tensor", "seed_to_tensor"]

@@ -11,11 +11,11 @@ from typing import TypedDict
 import torch
 import torch.distributed as dist
 
-from .. import _optional
+from .._base import optional as _optional
 from ..device import Device
 from ..env import LaunchInfo
 from .context import ProcessContext
-from .settle import settle
+from .health.settle import settle
 
 __all__ = ["DEFAULT_TIMEOUT", "ProcessGroupHandle", "build_context", "destroy_process_group",
            "new_subgroup", "start_process_group"]

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import _tree
+from .._base import tree as _tree
 from .context import ProcessContext
 
 __all__ = ["REDUCTIONS", "CollectiveHook", "Communicator", "CollectiveMismatchError"]

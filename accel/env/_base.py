@@ -15,7 +15,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 
-from .._parse import parse_float, parse_int
+from .._base.parse import parse_float, parse_int
 
 __all__ = ["LaunchEnvironmentError", "apply", "current", "int_variable", "optional_int",
            "patched", "seconds_variable"]

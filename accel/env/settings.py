@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._parse import is_true, parse_bool, parse_choice
+from .._base.parse import is_true, parse_bool, parse_choice
 from ._base import LaunchEnvironmentError, current, optional_int, seconds_variable
 
 __all__ = [

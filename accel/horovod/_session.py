@@ -5,7 +5,7 @@ per-process runtime, so ``accel.horovod`` keeps exactly one :class:`Session` per
 the holder below. This is the one deliberate exception to "no module-level state" (DESIGN.md
 §3.2): the session is a view over what is already once per process (torch's default process
 group, the launcher's environment), started by the same connector path as ``Accelerator()`` and
-``PartialState()`` (:func:`accel.connector.connect_process`), so an ``Accelerator`` in the same
+``PartialState()`` (:func:`accel.run.connector.connect_process`), so an ``Accelerator`` in the same
 script adopts the group ``hvd.init()`` started, and the other way round.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..connector import ProcessSetup
 from ..distributed import Communicator, ProcessContext
+from ..run.connector import ProcessSetup
 
 __all__ = ["NOT_INITIALIZED", "Session", "current", "installed", "install", "uninstall"]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..connector import connect_process
 from ..distributed import Communicator
 from ..distributed.debug import consistency_check
+from ..run.connector import connect_process
 from ._join_state import start_joins, stop_joins
 from ._session import Session, current, install, installed, uninstall
 from .process_sets import ProcessSet, register_initial_sets

@@ -31,14 +31,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from ..env import (
-    agent_pid,
-    error_file,
-    formed_layout,
-    rank_log_dir,
-    requested_layout,
-    worker_ranks,
-)
+from ..env import agent_pid, error_file, formed_layout, rank_log_dir, requested_layout, worker_ranks
 from .procs import set_parent_death_signal
 from .report import user_traceback, write_error_file
 

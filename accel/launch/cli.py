@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from .._parse import parse_float, parse_int
+from .._base.parse import parse_float, parse_int
 from ..env.ps_layout import PS_LAYOUT_VARIABLE
 from ..env.settings import FSDP_VARIABLES
 from . import core

@@ -19,7 +19,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._parse import parse_bool, parse_choice, parse_gpu_ids, parse_int
+from .._base.parse import parse_bool, parse_choice, parse_gpu_ids, parse_int
 from . import core
 from .config_file import config_to_yaml_dict, default_config_path, write_config
 from .errors import CLIError

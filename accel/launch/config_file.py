@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._optional import require
+from .._base.optional import require
 from ..env import config_file_variable, config_home
 from .errors import CLIError
 from .sharding import FSDP_SETTINGS, PARALLELISM_SETTINGS

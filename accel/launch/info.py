@@ -70,7 +70,7 @@ def _config_lines() -> list[str]:
 
 def env_report() -> str:
     """The ``accel env`` text: versions, devices, launcher environment, config file."""
-    from .._version import __version__
+    from .._base.version import __version__
     from ..env import accel_environment, cpu_count
 
     lines = [f"accel: {__version__}",

@@ -116,7 +116,7 @@ def _check_parent(cuda: bool = True, who: str = "notebook_launcher") -> None:
             "Restart the kernel and call notebook_launcher before any cell touches the GPU; "
             "create models, tensors and the Accelerator inside the launched function."
         )
-    module = sys.modules.get("accel.accelerator")
+    module = sys.modules.get("accel.accelerator.facade")
     cls = getattr(module, "Accelerator", None) if module is not None else None
     if isinstance(cls, type) and any(issubclass(type(obj), cls) for obj in gc.get_objects()):
         raise RuntimeError(
@@ -230,7 +230,7 @@ def notebook_launcher(
         when a worker died without one, ``RuntimeError`` if CUDA is already initialised here or
         an ``Accelerator`` already exists in this process, ``ValueError`` for bad arguments.
     """
-    from ..config import parse_mixed_precision
+    from ..config.settings import parse_mixed_precision
     from ..device.cuda import CUDADevice
 
     if not callable(function):

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TextIO
 
-from .._parse import parse_float
+from .._base.parse import parse_float
 from ..env import gloo_socket_ifname
 from .errors import CLIError
 from .settings import LaunchSettings

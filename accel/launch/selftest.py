@@ -1,6 +1,6 @@
 """``accel test``: start 2 CPU processes through ``accel launch`` and check that they cooperate.
 
-The workers (:mod:`accel.distributed.selftest`) check an all-reduce, an uneven gather, a
+The workers (:mod:`accel.distributed.health.selftest`) check an all-reduce, an uneven gather, a
 broadcast and one DDP training step over gloo (gradients averaged across ranks, parameters
 identical afterwards). ``accel test`` prints ``OK`` or what failed.
 
@@ -24,7 +24,7 @@ _TIMEOUT = 180
 def run_selftest() -> int:
     """Run ``accel launch --cpu -n 2`` on the worker module; print OK or the failure (0/1)."""
     cmd = [sys.executable, "-m", "accel", "launch", "--cpu", "-n", str(_WORLD), "--quiet",
-           "-m", "accel.distributed.selftest"]
+           "-m", "accel.distributed.health.selftest"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._parse import parse_bool, parse_choice, parse_float, parse_gpu_ids, parse_int
-from ..config import parse_mixed_precision
+from .._base.parse import parse_bool, parse_choice, parse_float, parse_gpu_ids, parse_int
+from ..config.settings import parse_mixed_precision
 from ..env import (
     DYNAMO_BACKENDS,
     DYNAMO_MODES,

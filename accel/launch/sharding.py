@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._parse import parse_bool
-from ..fsdp_config import (
+from .._base.parse import parse_bool
+from ..config.fsdp import (
     LAUNCH_FSDP,
     LAUNCH_PARALLELISM,
     ParallelismConfig,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import AutocastKwargs, GradScalerKwargs, PrecisionType, parse_mixed_precision
+from ..config.settings import AutocastKwargs, GradScalerKwargs, PrecisionType, parse_mixed_precision
 from ..device import Device
 from .base import Precision, remove_forward_wrapper
 from .bf16 import BF16Precision

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import _tree
-from ..config import AutocastKwargs
+from .._base import tree as _tree
+from ..config.settings import AutocastKwargs
 from .base import Precision
 
 __all__ = ["AutocastForward", "AutocastPrecision"]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import AutocastKwargs, PrecisionType
+from ..config.settings import AutocastKwargs, PrecisionType
 
 __all__ = ["Precision", "remove_forward_wrapper"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import PrecisionType
+from ..config.settings import PrecisionType
 from .autocast import AutocastPrecision
 
 __all__ = ["BF16Precision"]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import AutocastKwargs, GradScalerKwargs, PrecisionType
+from ..config.settings import AutocastKwargs, GradScalerKwargs, PrecisionType
 from .autocast import AutocastPrecision
 
 __all__ = ["FP16Precision"]

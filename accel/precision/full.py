@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import AutocastKwargs
+from ..config.settings import AutocastKwargs
 from .base import Precision
 
 __all__ = ["NoPrecision"]

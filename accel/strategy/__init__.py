@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import warnings
 
-from ..config import DistributedDataParallelKwargs, PrecisionType
+from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.settings import DistributedDataParallelKwargs, PrecisionType
 from ..distributed import ProcessContext
-from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .base import Strategy, no_join, strip_parallel, unwrap_module
 from .ddp import DDPStrategy
 from .fsdp import FSDPStrategy, MeshHolder

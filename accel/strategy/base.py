@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import DistributedDataParallelKwargs, DistributedType
+from ..config.settings import DistributedDataParallelKwargs, DistributedType
 from ..distributed import ProcessContext
 from ..distributed.batchnorm import BatchNormSync, convert_sync_batchnorm
-from ..dynamo import compiled_inner, rewrap_compiled
+from .compile import compiled_inner, rewrap_compiled
 from .rank0_load import refuse_meta_model
 
 __all__ = ["Strategy", "SyncSetting", "as_batchnorm_sync", "no_join", "strip_compile",

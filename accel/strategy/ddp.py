@@ -8,7 +8,11 @@ from typing import Any
 
 from torch import nn
 
-from ..config import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
+from ..config.settings import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+)
 from .base import Strategy, SyncSetting, strip_compile
 
 __all__ = ["DDPStrategy"]

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import DistributedDataParallelKwargs, DistributedType, PrecisionType
+from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.settings import DistributedDataParallelKwargs, DistributedType, PrecisionType
 from ..distributed import ProcessContext
-from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
 from .base import Strategy, SyncSetting, strip_compile
 from .fsdp_units import ignored_parameters, select_units
 from .rank0_load import capture_full_state, distribute_from_rank0, refuse_meta_model, to_meta
@@ -61,7 +61,7 @@ def _is_meta(model: nn.Module) -> bool:
 
 class FSDPStrategy(Strategy):
     """FSDP2 over gloo (CPU) or nccl (CUDA), configured by a
-    :class:`~accel.fsdp_config.FullyShardedDataParallelPlugin`."""
+    :class:`~accel.config.fsdp.FullyShardedDataParallelPlugin`."""
 
     name = "fsdp"
     distributed_state = True

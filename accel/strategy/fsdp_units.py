@@ -8,7 +8,7 @@ parameter that is also used outside it (a tied weight) is never made a unit of i
 
 Example:
     >>> from torch import nn
-    >>> from accel.fsdp_config import FullyShardedDataParallelPlugin
+    >>> from accel.config.fsdp import FullyShardedDataParallelPlugin
     >>> class Block(nn.Sequential): pass
     >>> model = nn.Sequential(nn.Embedding(4, 2), Block(nn.Linear(2, 2)), Block(nn.Linear(2, 2)))
     >>> plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"])
@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from ..fsdp_config import FullyShardedDataParallelPlugin
+from ..config.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = ["ignored_parameters", "select_units"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config import DistributedType
+from ..config.settings import DistributedType
 from .base import Strategy, SyncSetting
 
 __all__ = ["SingleDeviceStrategy"]

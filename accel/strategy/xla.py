@@ -7,8 +7,8 @@ import warnings
 import torch
 from torch import nn
 
-from .. import _optional
-from ..config import DistributedType
+from .._base import optional as _optional
+from ..config.settings import DistributedType
 from ..device.xla import mark_step
 from .base import Strategy, SyncSetting, as_batchnorm_sync
 

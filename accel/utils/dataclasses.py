@@ -1,30 +1,27 @@
 """Accelerate's ``accelerate.utils.dataclasses``: the configuration objects scripts build.
 
+A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
+
 Example:
-    >>> DistributedType.MULTI_CPU.value, DataLoaderConfiguration().even_batches
-    ('MULTI_CPU', True)
+    >>> from accel.utils.dataclasses import DistributedType
+    >>> DistributedType.MULTI_CPU.value
+    'MULTI_CPU'
 """
 
 from __future__ import annotations
 
-from ..config import (
-    AutocastKwargs,
-    DataLoaderConfiguration,
-    DDPCommunicationHookType,
-    DistributedDataParallelKwargs,
-    DistributedType,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    LoggerType,
-    PrecisionType,
-    ProjectConfiguration,
-)
-from ..dynamo import DynamoBackend, TorchDynamoPlugin
-from ..fsdp_config import FullyShardedDataParallelPlugin, ParallelismConfig
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
-           "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
-           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
-           "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin",
-           "FullyShardedDataParallelPlugin", "ParallelismConfig"]
+from ..compat import paths as _paths
+
+
+def __getattr__(name: str) -> Any:
+    return _paths.resolve(__name__, name, globals())
+
+
+def __dir__() -> list[str]:
+    return _paths.names(__name__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compat.dataclasses import *  # noqa: F403

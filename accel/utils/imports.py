@@ -1,14 +1,27 @@
-"""Accelerate's ``accelerate.utils.imports``: the ``is_*_available()`` probes (defined in
-``accel.availability``; none of them imports the package it asks about).
+"""Accelerate's ``accelerate.utils.imports`` module path: the is_*_available() probes.
+
+A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
 
 Example:
+    >>> from accel.utils.imports import is_pytest_available
     >>> is_pytest_available()
     True
 """
 
 from __future__ import annotations
 
-from .. import availability
-from ..availability import *  # noqa: F403 - the probes, defined (and listed) there
+from typing import TYPE_CHECKING, Any
 
-__all__ = list(availability.__all__)
+from ..compat import paths as _paths
+
+
+def __getattr__(name: str) -> Any:
+    return _paths.resolve(__name__, name, globals())
+
+
+def __dir__() -> list[str]:
+    return _paths.names(__name__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..device.availability import *  # noqa: F403

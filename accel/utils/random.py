@@ -1,59 +1,26 @@
-"""Accelerate's ``accelerate.utils.random``: seeding and keeping generators in step.
+"""Accelerate's ``accelerate.utils.random`` module path: set_seed, synchronize_rng_states.
+
+A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
 
 Example:
-    >>> import torch
-    >>> set_seed(0); a = torch.rand(1)
-    >>> set_seed(0); bool(torch.equal(a, torch.rand(1)))
-    True
+    >>> from accel.utils.random import set_seed
+    >>> set_seed(0)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-
-from .. import rng
-from ..rng import seed_everything
-from .operations import _comm
-
-__all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
+from ..compat import paths as _paths
 
 
-def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
-    """Seed python, numpy and torch (all devices); ``device_specific`` adds the rank.
-
-    Args:
-        seed: the seed.
-        device_specific: use ``seed + rank`` so that ranks differ.
-        deterministic: also ask torch for deterministic algorithms.
-    """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
-    if device_specific and dist.is_available() and dist.is_initialized():
-        seed += dist.get_rank()
-    seed_everything(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True)
+def __getattr__(name: str) -> Any:
+    return _paths.resolve(__name__, name, globals())
 
 
-def synchronize_rng_states(rng_types: Iterable[str], generator: torch.Generator | None = None
-                           ) -> None:
-    """Copy rank 0's state of each named generator to every rank.
-
-    Args:
-        rng_types: some of ``"torch"`` (CPU), ``"cuda"``, ``"xla"`` and ``"generator"``.
-        generator: the generator that ``"generator"`` means.
-
-    Example:
-        >>> synchronize_rng_states(["torch"])  # one process: nothing to copy
-    """
-    rng.synchronize(rng_types, _comm(), generator)
+def __dir__() -> list[str]:
+    return _paths.names(__name__)
 
 
-def synchronize_rng_state(rng_type: str, generator: torch.Generator | None = None) -> None:
-    """:func:`synchronize_rng_states` for one generator."""
-    rng.synchronize([rng_type], _comm(), generator)
-
-
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compat.random import *  # noqa: F403

@@ -18,7 +18,7 @@ from types import ModuleType
 import accel
 import accel.utils
 from accel import Accelerator
-from accel.connector import UNSUPPORTED_ARGUMENTS
+from accel.run.connector import UNSUPPORTED_ARGUMENTS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN, END = "<!-- accelerate-names -->", "<!-- /accelerate-names -->"
@@ -66,7 +66,7 @@ NOT_PROVIDED: list[tuple[str, str]] = [
      "use `accelerator.autocast()` and `accelerator.scaler`"),
     (r"^PrefixedDataset$", "Accelerate's internal dataset wrapper"),
     (r"^(data_loader|optimizer|scheduler)$",
-     "module path: accel has `accel.data_loader`, `accel.wrappers` (optimizer and scheduler "
+     "module path: accel has `accel.data_loader`, `accel.run.wrappers` (optimizer and scheduler "
      "wrappers)"),
 ]
 

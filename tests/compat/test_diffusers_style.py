@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 pytest.importorskip("accelerate", reason="the comparison runs the script under Accelerate too: "
                     "install the test extra (pip install -e '.[test]')")
 
-from tests.compat.harness import swap_imports  # noqa: E402
-from tests.spawn import clean_env, free_port  # noqa: E402
+from tests.compat.harness import swap_imports
+from tests.spawn import clean_env, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("accelerate", reason="the table lists Accelerate's names: install the test "
                     "extra (pip install -e '.[test]')")
 
-from accel import Accelerator  # noqa: E402
-from accel.connector import UNSUPPORTED_ARGUMENTS  # noqa: E402
-from tests.compat import migration_table  # noqa: E402
+from accel import Accelerator
+from accel.run.connector import UNSUPPORTED_ARGUMENTS
+from tests.compat import migration_table
 
 
 def test_readme_holds_the_generated_table() -> None:

@@ -442,11 +442,7 @@ def _e2e_build(rank: int, project: str, state_dict_type: str = "SHARDED_STATE_DI
     import torch
     from torch.utils.data import DataLoader
 
-    from accel import (
-        Accelerator,
-        DataLoaderConfiguration,
-        FullyShardedDataParallelPlugin,
-    )
+    from accel import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin
 
     torch.manual_seed(1234)
     model = h.TiedNet()

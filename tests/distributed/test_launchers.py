@@ -223,7 +223,7 @@ def test_nccl_group_binds_each_local_rank_to_its_gpu() -> None:
     world = min(CUDADevice.count(), 2)
     if world < 2:
         pytest.skip(f"a 2-process nccl group needs 2 GPUs; {world} visible (NCCL refuses two "
-                    "ranks on one GPU). Single-GPU binding is tests/unit/test_device.py")
+                    "ranks on one GPU). Single-GPU binding is tests/unit/device/test_device.py")
     results = run_workers(_nccl_worker, world, timeout=180)
     for rank, r in enumerate(results):
         assert r["current"] == rank and r["device"] == f"cuda:{rank}"

@@ -30,7 +30,7 @@ def _capture(name: str, level: str | None) -> tuple[Any, io.StringIO]:
 
 def _worker(rank: int, shared: str) -> dict[str, Any]:
     from accel.logging import main_print
-    from accel.progress import tqdm
+    from accel.run.progress import tqdm
 
     # Created like a module-level logger in a user script: no Accelerator, no process group.
     logger, out = _capture("dist.explicit", "INFO")
@@ -56,7 +56,7 @@ def _worker(rank: int, shared: str) -> dict[str, Any]:
         ordered_logger.info("round %d", round_, in_order=True)
     handler.close()
     from accel.env import detect_launch
-    from accel.logging import _turn_directory
+    from accel.env.log import _turn_directory
 
     turn_dir = str(_turn_directory(detect_launch()))
 

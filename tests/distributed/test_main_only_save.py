@@ -117,8 +117,8 @@ def _save_job(rank: int, root: str) -> dict[str, Any]:
 
 
 def _load_job(rank: int, root: str) -> dict[str, Any]:
-    from accel import rng
     from accel.checkpoint import read_manifest
+    from accel.run import rng
 
     acc, model, opt, it, sched = _setup(rank)
     _, said, _ = _recorded(lambda: acc.load_state(f"{root}/main_only"))

@@ -247,7 +247,7 @@ def _same_run(ref: dict[str, Any], got: dict[str, Any], start: int) -> None:
         assert _bits(a) == _bits(b), (
             f"step {start + i} (resumed at {start}): losses {b.tolist()} != {a.tolist()}; if the "
             "batches match, a random op differs: see test_prepared_loader_leaves_the_global_rng_"
-            "alone in tests/unit/test_state_checkpoint.py")
+            "alone in tests/unit/accelerator/test_state_checkpoint.py")
     assert ref["params"].keys() == got["params"].keys()
     for k in ref["params"]:
         assert _bits(ref["params"][k]) == _bits(got["params"][k]), f"parameter {k} differs"

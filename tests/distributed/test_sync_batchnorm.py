@@ -96,9 +96,9 @@ def _group_ranks(group: Any) -> list[int]:
 def _layers_worker(rank: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from accel.connector import connect_process
     from accel.distributed.batchnorm import SyncBatchNorm, convert_sync_batchnorm
     from accel.distributed.nodes import node_group
+    from accel.run.connector import connect_process
 
     ctx = connect_process(cpu=True).context
     everyone, node = list(range(WORLD)), [rank % 2, rank % 2 + 2]

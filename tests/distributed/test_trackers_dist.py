@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from accel._optional import is_available
+from accel._base.optional import is_available
 from tests.spawn import run_workers
 from tests.wandb_files import wandb_config, wandb_history, wandb_records
 

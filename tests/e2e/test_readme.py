@@ -13,11 +13,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from tests.e2e import test_examples
@@ -204,7 +204,7 @@ def test_mpirun_command() -> None:
     words = shlex.split(MPIRUN)
     assert words[:3] == ["mpirun", "-np", "2"] and " ".join(words[3:]) in QUICK_START
     if shutil.which("mpirun") is None:
-        return  # the wrapped command runs in test_quick_start; detection: tests/unit/test_env.py
+        return  # the wrapped command runs in test_quick_start; detection: tests/unit/env/test_env.py
     out = subprocess.run(words, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr
 
@@ -285,7 +285,7 @@ def test_imports_in_readme_work() -> None:
     statements = re.findall(r"from accel(?:\.[\w.]+)? import [\w, ]+", readme())
     assert len(statements) > 5
     for statement in statements:
-        exec(statement, {})  # noqa: S102 - README's own import lines
+        exec(statement, {})
 
 
 def test_accelerator_names_in_readme_exist() -> None:

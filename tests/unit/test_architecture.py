@@ -1,22 +1,25 @@
 """The layering of DESIGN.md §2, checked on the source with ``ast``.
 
-Layer map (a module imports only from its own layer or below; no import cycles)::
+Layer map (folders are layers; a module imports only from its own layer or below; no cycles)::
 
-    L0    _optional  config  _tree  _parse  _version          stdlib + torch only
-    L1    env/  device/  logging                               launcher detection, ACCEL_* settings
-    L2    distributed/                                         process group, collectives
-    L3    precision/  strategy/  data/  rng  accumulation  progress  tracking*  memory  dynamo
-    L4    connector  runstate  wrappers  training  preparation  checkpoint/{storage,sharded,protocol}
-    L5    accelerator (+ checkpointing, its checkpoint methods)  utils  state
-    L6    horovod/  ps/  big_modeling/                         other front doors onto L2-L4
-    side  launch/                                              env and config only; torch lazily
-    api   accel/__init__.py                                    the lazy public facade
+    L0    _base/  config/                          optional imports, validators, settings
+    L1    env/  device/                            launcher detection, ACCEL_* settings, devices
+    L2    distributed/ (+ health/)                 process group, collectives, probes
+    L3    precision/  strategy/  data/  tracking/  the axes
+    L4    run/  checkpoint/                        connector, run state, prepare, step; saves
+    L5    accelerator/  compat/                    the facade; the Accelerate boundary
+    L6    horovod/  ps/  big_modeling/             other front doors onto L2-L4
+    side  launch/                                  env and config only; torch lazily
+    shim  accel/*.py  utils/  tracking/__init__  accelerator/__init__   Accelerate's paths
+    api   accel/__init__.py                        the lazy public facade
 
 Rules checked here:
 
 - every module has a layer, and every pattern of the table matches a module (no stale rows);
 - no module imports a higher layer, counting lazy (in-function) and ``TYPE_CHECKING`` imports:
   a dependency is a dependency;
+- Accelerate's module paths (the shims) are lazy re-exports of at most 40 lines, and the
+  compatibility package ``accel/compat`` is imported only by the shims and ``accel/__init__``;
 - no module imports the package root ``accel`` (the version lives in ``accel._version``);
 - no import cycle among accel's modules (all imports count);
 - a few seams stricter than layers: checkpoint storage knows no collectives and no protocol;
@@ -53,83 +56,35 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "accel"
 
-#: (path pattern relative to the repository root, layer). First match wins.
+#: (path pattern relative to the repository root, layer). First match wins. Folders are layers:
+#: every row but the public API, the CLI entry and the shims names a whole folder.
 LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/__init__.py", "api"),  # the lazy public facade
     ("accel/__main__.py", "side"),  # `python -m accel` = the CLI
     ("accel/launch/*", "side"),
-    ("accel/_optional.py", "L0"),
-    ("accel/config.py", "L0"),
-    ("accel/fsdp_config.py", "L0"),  # FullyShardedDataParallelPlugin, ParallelismConfig
-    ("accel/_tree.py", "L0"),
-    ("accel/_parse.py", "L0"),
-    ("accel/_version.py", "L0"),
-    # DESIGN.md §2 lists logging in L0, but it reads the rank through accel.env (stdlib only)
-    # to print on the main process before any Accelerator exists: it sits in L1.
-    ("accel/logging.py", "L1"),
-    # is_*_available(): package probes (_optional) and hardware probes (device, env PJRT_DEVICE)
-    ("accel/availability.py", "L1"),
+    ("accel/_base/*", "L0"),
+    ("accel/config/*", "L0"),
     ("accel/env/*", "L1"),
     ("accel/device/*", "L1"),
-    ("accel/distributed/*", "L2"),
+    ("accel/distributed/*", "L2"),  # with health/: the probes of torch and OS internals
     ("accel/precision/*", "L3"),
     ("accel/strategy/*", "L3"),
     ("accel/data/*", "L3"),
-    ("accel/rng.py", "L3"),
-    ("accel/accumulation.py", "L3"),  # gradient-accumulation state, read by the run state
-    ("accel/progress.py", "L3"),
-    ("accel/tracking.py", "L3"),
-    ("accel/tracking_base.py", "L3"),  # GeneralTracker, shared by tracking and its services
-    ("accel/tracking_services.py", "L3"),  # wandb/mlflow/comet_ml/aim, listed by tracking
-    ("accel/memory.py", "L3"),
-    ("accel/dynamo.py", "L3"),  # torch.compile settings (TorchDynamoPlugin) and compiling
-    ("accel/connector.py", "L4"),
-    ("accel/runstate.py", "L4"),
-    ("accel/wrappers.py", "L4"),
-    ("accel/training.py", "L4"),
-    ("accel/preparation.py", "L4"),
-    # DCP state of FSDP runs (torch.distributed.checkpoint), under the protocol, over storage
-    ("accel/checkpoint/sharded/*", "L4"),
+    ("accel/tracking/__init__.py", "shim"),  # Accelerate's accelerate.tracking path
+    ("accel/tracking/*", "L3"),
+    ("accel/run/*", "L4"),
     ("accel/checkpoint/*", "L4"),
-    # Accelerate's accelerate.utils names and module paths, over L0-L4
-    ("accel/utils/__init__.py", "L5"),
-    ("accel/utils/dataclasses.py", "L5"),
-    ("accel/utils/imports.py", "L5"),
-    ("accel/utils/operations.py", "L5"),
-    ("accel/utils/other.py", "L5"),
-    ("accel/utils/random.py", "L5"),
-    ("accel/data_loader.py", "L5"),  # Accelerate's accelerate.data_loader names, over L0-L4
-    ("accel/checkpointing.py", "L5"),  # the facade's checkpoint methods (a mixin of it)
-    ("accel/attributes.py", "L5"),  # Accelerate's read-only Accelerator attributes (mixin)
-    ("accel/accelerator.py", "L5"),
-    ("accel/state.py", "L5"),  # PartialState/AcceleratorState/GradientState: views over L2-L4
-    ("accel/local_sgd.py", "L5"),  # LocalSGD: drives an Accelerator (no_sync, reduce)
-    # placement arithmetic (sizes, budgets, device maps) over device detection only: below
-    # accel.utils (L5), which re-exports it under Accelerate's accelerate.utils names
-    ("accel/big_modeling/sizes.py", "L3"),
-    ("accel/big_modeling/budget.py", "L3"),
-    ("accel/big_modeling/placement.py", "L3"),
-    ("accel/big_modeling/structure.py", "L3"),  # tied weights, module order, maximum sizes
-    # module-level operations on nn.Modules (hooks, offload folders, dispatch, checkpoint
-    # loading): L4, so that accel.utils (L5) can re-export Accelerate's utils names for them
-    ("accel/big_modeling/hooks.py", "L4"),
-    ("accel/big_modeling/offload.py", "L4"),
-    ("accel/big_modeling/dispatch.py", "L4"),
-    ("accel/big_modeling/loading.py", "L4"),
-    ("accel/big_modeling/tensors.py", "L4"),  # set_module_tensor_to_device & co
-    ("accel/big_modeling/state_dicts.py", "L4"),  # load_state_dict, load_offloaded_weights
-    ("accel/big_modeling/*", "L6"),  # init_empty_weights, device maps, dispatch, offload
-    ("accel/hooks.py", "L6"),  # Accelerate's accelerate.hooks module path
-    ("accel/horovod/*", "L6"),  # import accel.horovod as hvd: horovod.torch on torch.distributed
-    # parameter servers (accel.ps): sparse tables on server processes over torch RPC; the
-    # sparse optimizers and the partition are plain torch (L3), the rest a front door (L6)
-    ("accel/ps/optimizers.py", "L3"),
-    ("accel/ps/partition.py", "L3"),
-    ("accel/ps/server.py", "L3"),
+    ("accel/accelerator/__init__.py", "shim"),  # Accelerate's accelerate.accelerator path
+    ("accel/accelerator/*", "L5"),
+    ("accel/compat/*", "L5"),
+    ("accel/horovod/*", "L6"),
     ("accel/ps/*", "L6"),
+    ("accel/big_modeling/*", "L6"),
+    ("accel/utils/*", "shim"),  # Accelerate's accelerate.utils paths
+    ("accel/*.py", "shim"),  # Accelerate's other module paths (state, data_loader, ...)
 ]
 ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6,
-                         "api": 7}
+                         "shim": 7, "api": 7}
 #: The only library modules that may use launch/ (the side layer), each naming the launch
 #: modules it may import, and only lazily (inside a function). ``accel.utils.write_basic_config``
 #: is Accelerate's in-library twin of ``accel config default``: it calls the same default-config
@@ -137,7 +92,7 @@ ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "
 #: (checked below), so this edge can create neither a cycle nor an upward dependency, and being
 #: lazy it keeps the CLI off every library import path.
 SIDE_USERS: dict[str, tuple[str, ...]] = {
-    "accel/utils/other.py": ("accel.launch.config_cmd", "accel.launch.config_file"),
+    "accel/compat/other.py": ("accel.launch.config_cmd", "accel.launch.config_file"),
 }
 #: Layers accel/launch may import from (at any level; module level adds "never torch").
 LAUNCH_MAY_USE = {"L0", "L1", "side"}
@@ -158,12 +113,12 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
      ("accel.distributed", "torch.distributed", "accel.checkpoint.protocol"),
      "checkpoint storage writes and reads directories; it knows no collectives and no protocol"),
     ("accel/checkpoint/protocol/*",
-     ("accel.preparation", "accel.precision", "accel.strategy", "accel.wrappers",
-      "accel.accumulation", "accel.training", "accel.connector", "accel.accelerator"),
+     ("accel.run.prepare", "accel.precision", "accel.strategy", "accel.run.wrappers",
+      "accel.run.accumulation", "accel.run.step", "accel.run.connector", "accel.accelerator"),
      "the checkpoint protocol depends only on a run-state snapshot and the communicator"),
     ("accel/checkpoint/sharded/*",
-     ("accel.distributed", "accel.checkpoint.protocol", "accel.launch", "accel.preparation",
-      "accel.precision", "accel.strategy", "accel.wrappers", "accel.connector"),
+     ("accel.distributed", "accel.checkpoint.protocol", "accel.launch", "accel.run.prepare",
+      "accel.precision", "accel.strategy", "accel.run.wrappers", "accel.run.connector"),
      "sharded state goes through torch's DCP over the checkpoint storage; it knows no accel "
      "collectives, no run protocol and no strategy, so merge-weights runs without a process "
      "group"),
@@ -302,7 +257,7 @@ def upward_imports(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE,
                 continue
             if imp.target == "accel" and layer != "api":
                 problems.append(f"{rel}:{imp.line} imports the package root `accel` (use "
-                                "accel._version for the version, or the defining module)")
+                                "accel._base.version for the version, or the defining module)")
                 continue
             owner = _owner(imp.target, modules)
             if owner is None or owner == name or layer == "side":
@@ -458,6 +413,52 @@ def global_statements(modules: Sources) -> list[str]:
             for node in ast.walk(ast.parse(source, filename=rel)) if isinstance(node, ast.Global)]
 
 
+SHIM_MAX_LINES = 40
+#: What a shim may hold: a docstring, imports, ``__all__``, ``__getattr__``/``__dir__`` (lazy
+#: resolution) and a ``TYPE_CHECKING`` block of imports.
+_SHIM_FUNCTIONS = {"__getattr__", "__dir__"}
+
+
+def shim_problems(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE) -> list[str]:
+    """Shims must be short re-exports: no classes, no logic beyond lazy lookup."""
+    problems = []
+    for rel, source in modules.values():
+        if layer_of(rel, table) != "shim":
+            continue
+        lines = len(source.splitlines())
+        if lines > SHIM_MAX_LINES:
+            problems.append(f"{rel}: {lines} lines (a shim re-exports in at most "
+                            f"{SHIM_MAX_LINES}; move code into the layer folders)")
+        for node in ast.parse(source, filename=rel).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) or \
+                    isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue
+            if isinstance(node, ast.FunctionDef) and node.name in _SHIM_FUNCTIONS and \
+                    len(node.body) == 1:
+                continue
+            if isinstance(node, ast.If) and _is_type_checking(node) and all(
+                    isinstance(n, (ast.Import, ast.ImportFrom)) for n in node.body):
+                continue
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and \
+                    "__all__" in ast.unparse(node).split("=")[0]:
+                continue
+            problems.append(f"{rel}:{node.lineno} holds code ({type(node).__name__}); a shim "
+                            "only re-exports")
+    return problems
+
+
+def compat_users(modules: Sources, table: list[tuple[str, str]] = LAYER_TABLE) -> list[str]:
+    """Imports of accel/compat from anywhere but the shims, the API and compat itself."""
+    problems = []
+    for name, (rel, _) in modules.items():
+        if layer_of(rel, table) in ("shim", "api") or rel.startswith("accel/compat/"):
+            continue
+        for imp in imports_of(name, modules):
+            if imp.target == "accel.compat" or imp.target.startswith("accel.compat."):
+                problems.append(f"{rel}:{imp.line} imports {imp.target}")
+    return problems
+
+
 # ------------------------------------------------------------------ the package obeys
 
 
@@ -502,6 +503,39 @@ def test_launch_imports_only_env_and_config_and_never_torch_at_module_level() ->
         + "\n".join(problems))
 
 
+def test_shims_only_re_export() -> None:
+    problems = shim_problems(MODULES)
+    assert not problems, (
+        "Accelerate's module paths are thin lazy shims (DESIGN.md §2); put the code in a layer "
+        "folder and list its names in accel/compat/paths.py:\n" + "\n".join(problems))
+
+
+def test_only_shims_and_the_api_import_compat() -> None:
+    problems = compat_users(MODULES)
+    assert not problems, (
+        "accel/compat is the Accelerate boundary: only the shims and accel/__init__ import it; "
+        "the engine must not know Accelerate's names (derive them in compat instead):\n"
+        + "\n".join(problems))
+
+
+def test_checker_catches_fat_shims_and_engine_imports_of_compat() -> None:
+    modules = _synthetic({
+        "accel/__init__.py": "from .compat import x\n",
+        "accel/state.py": "from .compat import paths\nclass State: pass\n",
+        "accel/hooks.py": '"""doc"""\nfrom typing import TYPE_CHECKING\n'
+                          "def __getattr__(n):\n    return n\n"
+                          "if TYPE_CHECKING:\n    from .compat.h import *\n",
+        "accel/low.py": "def f():\n    from .compat import y\n",
+        "accel/compat/__init__.py": "", "accel/compat/x.py": "from . import y\n",
+        "accel/compat/y.py": "",
+    })
+    table = [("accel/__init__.py", "api"), ("accel/compat/*", "L5"), ("accel/low.py", "L0"),
+             ("accel/*.py", "shim")]
+    assert shim_problems(modules, table) == [
+        "accel/state.py:2 holds code (ClassDef); a shim only re-exports"]
+    assert compat_users(modules, table) == ["accel/low.py:2 imports accel.compat.y"]
+
+
 def test_only_env_touches_the_environment() -> None:
     problems = environment_problems(MODULES)
     assert not problems, (
@@ -519,7 +553,7 @@ def test_no_backend_branches_outside_device_and_strategy() -> None:
 
 def test_accelerator_init_only_connects() -> None:
     """Issue 13: ``Accelerator.__init__`` calls the connector and wires; it stays under 40 lines."""
-    rel, source = MODULES["accel.accelerator"]
+    rel, source = MODULES["accel.accelerator.facade"]
     init = next(node for node in ast.walk(ast.parse(source, filename=rel))
                 if isinstance(node, ast.FunctionDef) and node.name == "__init__")
     length = (init.end_lineno or init.lineno) - init.lineno + 1
@@ -680,7 +714,7 @@ def test_checker_catches_global_statements() -> None:
 
 def test_import_accel_and_launch_modules_do_not_import_torch() -> None:
     names = ["accel", *sorted(n for n in MODULES if n.startswith(("accel.launch", "accel.env"))
-                              or layer_of(MODULES[n][0]) == "L0" and n != "accel._tree"
+                              or layer_of(MODULES[n][0]) == "L0" and n != "accel._base.tree"
                               or n == "accel.logging")]
     code = textwrap.dedent(f"""
         import importlib, sys

@@ -6,7 +6,7 @@ In an environment without torch_xla this module is skipped, with a reason, unles
 can never pass by skipping.
 
 Multi-process XLA (the "xla" process group) is not reliable on PJRT CPU in torch_xla 2.9, so it
-is covered with fakes in tests/unit/test_xla_fakes.py and needs a TPU to run for real.
+is covered with fakes in tests/unit/device/test_xla_fakes.py and needs a TPU to run for real.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a training run saves and restores, and how every rank agrees on it.
 
 Layer L4. Depends only on a :class:`RunSnapshot` that the caller builds, the communicator
-(:class:`accel.distributed.Communicator`), :mod:`accel.rng` and
+(:class:`accel.distributed.Communicator`), :mod:`accel.run.rng` and
 :mod:`accel.checkpoint.storage`; it never calls back into the Accelerator. ``load_run`` returns
 a :class:`LoadedRun` that the caller applies to its own run state.
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import _tree
+from ..._base import tree as _tree
 from ...distributed import Communicator
 from ...distributed.group import new_subgroup
 from ..storage import CheckpointError

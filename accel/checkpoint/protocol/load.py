@@ -24,8 +24,8 @@ from typing import Any
 
 from torch import nn
 
-from ... import rng
 from ...distributed import Communicator
+from ...run import rng
 from ..storage import (
     CheckpointError,
     Manifest,

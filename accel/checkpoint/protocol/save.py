@@ -25,7 +25,7 @@ copies are sealed together: renamed into place on every machine, or (one failing
 Main process only: scripts written for Accelerate may call ``save_state`` under ``if
 accelerator.is_main_process:`` (the diffusers scripts). Given an :class:`Attendance`, rank 0
 first finds out through the store, without a collective, whether every rank called it (see
-:mod:`accel.distributed.attendance`). If not, rank 0 writes the checkpoint alone (the same
+:mod:`accel.distributed.health.attendance`). If not, rank 0 writes the checkpoint alone (the same
 atomic directory and manifest) and the manifest's ``meta["absent_rank_states"]`` lists the ranks
 whose RNG states and loader positions are not in it; ``load_run`` handles them with one
 warning. A rank that called ``save_state`` after rank 0 had gone on alone takes that outcome.
@@ -50,9 +50,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ... import _tree, rng
+from ..._base import tree as _tree
 from ...distributed import Communicator
-from ...distributed.attendance import Attendance, Roll
+from ...distributed.health.attendance import Attendance, Roll
+from ...run import rng
 from ..sharded.layout import ShardedFiles
 from ..storage import CheckpointError, CheckpointWriter, checkpoints_root, temp_dir_for
 from .background import BackgroundSaves

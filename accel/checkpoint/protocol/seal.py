@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..._version import __version__
+from ..._base.version import __version__
 from ...distributed import Communicator
 from ..storage import (
     CheckpointError,

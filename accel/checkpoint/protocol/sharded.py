@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from ... import _tree
+from ..._base import tree as _tree
 from ..sharded.layout import ShardedFiles, has_shards, model_prefix
 from ..storage import Manifest
 from .snapshot import FileQueue, ModelStateIO, RunSnapshot

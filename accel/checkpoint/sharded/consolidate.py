@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from ...progress import tqdm
+from ...run.progress import tqdm
 from ..storage import CheckpointError, ModelFilesWriter, plan_shards, read_manifest
 from .dcp_io import ShardReader
 from .layout import has_shards, model_prefix

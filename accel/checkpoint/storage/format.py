@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..._version import __version__ as _ACCEL_VERSION
+from ..._base.version import __version__ as _ACCEL_VERSION
 from . import _st
 from ._io import FileRecord, HashingWriter, fsync_dir, fsync_file, hash_file, new_token
 from .codec import encode

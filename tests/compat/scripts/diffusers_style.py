@@ -17,13 +17,12 @@ import shutil
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-from torch.utils.data import DataLoader, Dataset
-
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, ProjectConfiguration, is_compiled_module, set_seed
+from safetensors.torch import load_file, save_file
+from torch.utils.data import DataLoader, Dataset
 
 logger = get_logger(__name__, log_level="INFO")
 

@@ -1,0 +1,27 @@
+"""Accelerate's ``accelerate.accelerator`` module path: Accelerator.
+
+A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
+
+Example:
+    >>> from accel.accelerator import Accelerator
+    >>> Accelerator.__name__
+    'Accelerator'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..compat import paths as _paths
+
+
+def __getattr__(name: str) -> Any:
+    return _paths.resolve(__name__, name, globals())
+
+
+def __dir__() -> list[str]:
+    return _paths.names(__name__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compat.accelerator import *  # noqa: F403

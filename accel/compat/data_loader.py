@@ -1,0 +1,161 @@
+"""What scripts import from ``accelerate.data_loader``, under the same names.
+
+- ``prepare_data_loader``: Accelerate's module-level function and signature; it shards a loader
+  for one process without an ``Accelerator`` (the rank and world size default to this
+  process's; pass both to build any rank's shard, e.g. to inspect it in one process).
+- ``skip_first_batches``, ``SeedableRandomSampler``, ``BatchSamplerShard``,
+  ``SkipBatchSampler``: accel's own (see :mod:`accel.data`), with Accelerate's arguments.
+- ``DataLoaderShard``: the class of every loader ``prepare()`` returns (for ``isinstance``);
+  build one with ``prepare_data_loader`` or ``Accelerator.prepare``, not by calling it.
+- ``DataLoaderDispatcher`` and ``IterableDatasetShard`` are importable, so that an import or an
+  ``isinstance`` check keeps working (it is False: accel never makes one), but creating one
+  raises ``NotImplementedError`` saying why and what to use: accel never dispatches batches
+  from rank 0, and it shards iterable datasets inside the prepared loader.
+
+Example:
+    >>> from torch.utils.data import DataLoader
+    >>> shard = prepare_data_loader(DataLoader(range(6), batch_size=2), num_processes=2,
+    ...                             process_index=1)
+    >>> [b.tolist() for b in shard], type(shard.batch_sampler).__name__  # 3 batches: padded
+    ([[2, 3], [0, 1]], 'BatchSamplerShard')
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..config.settings import DataLoaderConfiguration
+from ..data import (
+    BatchSamplerShard,
+    DataTracker,
+    PreparedDataLoader,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    skip_first_batches,
+)
+from ..data import prepare_data_loader as _prepare
+from ..distributed import Communicator, ProcessContext
+from ..run.connector import connect_process
+
+__all__ = ["BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard",
+           "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler",
+           "prepare_data_loader", "skip_first_batches"]
+
+#: The class of the loaders ``prepare()`` returns (Accelerate's ``DataLoaderShard``).
+DataLoaderShard = PreparedDataLoader
+
+
+class DataLoaderDispatcher:
+    """Not offered: accel never dispatches batches from rank 0 (``dispatch_batches=True``).
+
+    Every rank reads its own shard, which also keeps batches of varying shapes working. The
+    name exists so that imports and ``isinstance`` checks keep working; creating one raises.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "DataLoaderDispatcher is not offered by accel: every rank reads its own shard "
+            "(dispatch_batches=True is refused by design); prepare the DataLoader with "
+            "Accelerator.prepare() or accel.data_loader.prepare_data_loader() instead")
+
+
+class IterableDatasetShard:
+    """Not offered: accel shards an iterable dataset inside the prepared loader.
+
+    Every rank reads the stream and keeps batch ``i * num_processes + rank`` (DataLoader
+    workers and the dataset's own worker sharding keep working). The name exists so that
+    imports and ``isinstance`` checks keep working; creating one raises.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "IterableDatasetShard is not offered by accel: it shards iterable datasets inside "
+            "the prepared loader; pass DataLoader(dataset, batch_size=...) to "
+            "Accelerator.prepare() or accel.data_loader.prepare_data_loader() instead")
+
+
+def prepare_data_loader(
+    dataloader: DataLoader[Any],
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: list[Any] | None = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+) -> PreparedDataLoader:
+    """Shard ``dataloader`` for process ``process_index`` of ``num_processes`` (Accelerate's
+    function and arguments; see ``DataLoaderConfiguration`` for the loader options).
+
+    Both default to this process's place in the job. With ``put_on_device`` batches are moved
+    to ``device`` (no move when ``device`` is None, as in Accelerate). The shuffle seed is
+    ``data_seed``, else rank 0's ``torch.initial_seed()``. The loader belongs to no
+    ``Accelerator``: ``accelerator.gather_for_metrics`` and ``accelerator.end_of_dataloader``
+    do not see it (prepare it with ``accelerator.prepare`` for those). ``rng_types`` is
+    accepted and unused, as by ``Accelerator``; with ``use_seedable_sampler=False`` a
+    shuffling sampler draws from its own generator, synchronized from rank 0 at every pass.
+
+    Raises:
+        ValueError: ``dispatch_batches=True`` (every rank reads its own shard in accel).
+        NotImplementedError: ``torch_device_mesh`` (accel has no tensor/context parallelism).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> dl = prepare_data_loader(DataLoader(range(8), batch_size=4), num_processes=2,
+        ...                          process_index=0, split_batches=True)
+        >>> [b.tolist() for b in dl]
+        [[0, 1], [4, 5]]
+    """
+    del rng_types  # see the docstring
+    if torch_device_mesh is not None:
+        raise NotImplementedError(
+            "prepare_data_loader(torch_device_mesh=...) is not supported: accel shards data "
+            "over all processes (data parallel only); drop the argument")
+    if slice_fn_for_dispatch is not None:
+        warnings.warn("prepare_data_loader(slice_fn_for_dispatch=...) is ignored: accel never "
+                      "dispatches batches (each rank reads its own shard)", stacklevel=2)
+    config = DataLoaderConfiguration(
+        split_batches=split_batches, dispatch_batches=dispatch_batches,
+        even_batches=even_batches, data_seed=data_seed, non_blocking=non_blocking,
+        use_stateful_dataloader=use_stateful_dataloader,
+        use_seedable_sampler=use_seedable_sampler)
+    setup = connect_process()
+    ctx, comm = _shard_context(setup.context, num_processes, process_index)
+    seed = data_seed if data_seed is not None else _initial_seed(comm)
+    place = put_on_device and device is not None
+    return _prepare(dataloader, ctx=ctx, comm=comm, device=device if place else None,
+                    config=config, tracker=DataTracker(groups=False), seed=seed,
+                    after_batch=setup.hardware.batch_hook() if place else None)
+
+
+def _shard_context(here: ProcessContext, num_processes: int | None, process_index: int | None
+                   ) -> tuple[ProcessContext, Communicator]:
+    """The context to shard for, and the communicator the ranks agree over: this job's own
+    when the shard is this process's, else one of this process alone (no collective)."""
+    world = here.world_size if num_processes is None else int(num_processes)
+    rank = here.rank if process_index is None else int(process_index)
+    if not 0 <= rank < world:
+        raise ValueError(f"process_index={rank} is not a rank of num_processes={world}; "
+                         f"pass 0 <= process_index < num_processes")
+    if (world, rank) == (here.world_size, here.rank):
+        return here, Communicator(here)
+    alone = replace(here, rank=0, local_rank=0, world_size=1, local_world_size=1)
+    return replace(here, rank=rank, world_size=world), Communicator(alone)
+
+
+def _initial_seed(comm: Communicator) -> int:
+    """Rank 0's torch seed, on every rank of ``comm``."""
+    return int(comm.broadcast_object_list([torch.initial_seed() % (2**63)])[0])

@@ -1,0 +1,30 @@
+"""Accelerate's ``accelerate.utils.dataclasses``: the configuration objects scripts build.
+
+Example:
+    >>> DistributedType.MULTI_CPU.value, DataLoaderConfiguration().even_batches
+    ('MULTI_CPU', True)
+"""
+
+from __future__ import annotations
+
+from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.settings import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    LoggerType,
+    PrecisionType,
+    ProjectConfiguration,
+)
+from ..strategy.compile import DynamoBackend, TorchDynamoPlugin
+
+__all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
+           "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
+           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
+           "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin",
+           "FullyShardedDataParallelPlugin", "ParallelismConfig"]

@@ -1,0 +1,110 @@
+"""Which names each of Accelerate's module paths re-exports, and from where (one table).
+
+accel's root modules that carry Accelerate's module paths (``accel.state``,
+``accel.data_loader``, ``accel.utils.operations``, ...) are lazy shims: each asks this module
+for a name on first use, so importing a path costs nothing until a name is read, and the
+mapping of Accelerate's names lives here rather than in the shims.
+
+Example:
+    >>> from accel.compat.paths import names
+    >>> "PartialState" in names("accel.state")
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["EXTRA", "PATHS", "SUBMODULES", "names", "resolve"]
+
+#: Accelerate module path -> the modules whose ``__all__`` it re-exports (first wins).
+PATHS: dict[str, tuple[str, ...]] = {
+    "accel.state": ("accel.compat.state",),
+    "accel.data_loader": ("accel.compat.data_loader",),
+    "accel.checkpointing": ("accel.compat.checkpointing",),
+    "accel.local_sgd": ("accel.accelerator.local_sgd",),
+    "accel.logging": ("accel.env.log",),
+    "accel.hooks": ("accel.big_modeling.hooks",),
+    "accel.tracking": ("accel.tracking.trackers",),
+    "accel.accelerator": ("accel.compat.accelerator",),
+    "accel.utils.operations": ("accel.compat.operations",),
+    "accel.utils.other": ("accel.compat.other",),
+    "accel.utils.random": ("accel.compat.random",),
+    "accel.utils.imports": ("accel.device.availability",),
+    "accel.utils.dataclasses": ("accel.compat.dataclasses",),
+    "accel.utils": ("accel.compat.dataclasses", "accel.device.availability",
+                    "accel.compat.operations", "accel.compat.other", "accel.compat.random"),
+}
+
+#: Extra single names a path re-exports from a module that is not wholly re-exported.
+EXTRA: dict[str, dict[str, str]] = {
+    "accel.hooks": {"named_module_tensors": "accel.big_modeling.tensors",
+                    "set_module_tensor_to_device": "accel.big_modeling.tensors"},
+    # accelerate.utils also names big-model placement, offload and loading (accel.big_modeling)
+    "accel.utils": {
+        **dict.fromkeys(("check_device_map", "clean_device_map", "compute_module_sizes",
+                         "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
+                         "infer_auto_device_map"), "accel.big_modeling.placement"),
+        **dict.fromkeys(("calculate_maximum_sizes", "check_tied_parameters_in_config",
+                         "check_tied_parameters_on_same_device", "ensure_weights_retied",
+                         "get_module_children_bottom_up", "retie_parameters"),
+                        "accel.big_modeling.structure"),
+        **dict.fromkeys(("align_module_device", "has_offloaded_params", "id_tensor_storage",
+                         "named_module_tensors", "set_module_tensor_to_device"),
+                        "accel.big_modeling.tensors"),
+        **dict.fromkeys(("clean_state_dict_for_safetensors", "extract_submodules_state_dict",
+                         "load_offloaded_weights", "load_state_dict"),
+                        "accel.big_modeling.state_dicts"),
+        **dict.fromkeys(("convert_bytes", "convert_file_size_to_int", "dtype_byte_size"),
+                        "accel.big_modeling.sizes"),
+        **dict.fromkeys(("OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight",
+                         "offload_state_dict", "offload_weight", "save_offload_index"),
+                        "accel.big_modeling.offload"),
+        "get_max_memory": "accel.big_modeling.budget",
+        "load_checkpoint_in_model": "accel.big_modeling.loading",
+        "parse_mixed_precision": "accel.config.settings",
+        "skip_first_batches": "accel.data",
+        "find_executable_batch_size": "accel.run.memory",
+        "release_memory": "accel.run.memory",
+        "tqdm": "accel.run.progress",
+    },
+}
+
+#: Submodules a path names as attributes (``accel.utils.operations``), imported on first use.
+SUBMODULES: dict[str, tuple[str, ...]] = {
+    "accel.utils": ("dataclasses", "imports", "operations", "other", "random"),
+}
+
+
+def _public(module: Any) -> list[str]:
+    return list(getattr(module, "__all__", ()))
+
+
+def names(path: str) -> list[str]:
+    """Every public name ``path`` re-exports (imports its target modules)."""
+    found: list[str] = []
+    for target in PATHS[path]:
+        found += [n for n in _public(importlib.import_module(target)) if n not in found]
+    found += [n for n in EXTRA.get(path, {}) if n not in found]
+    return found + [n for n in SUBMODULES.get(path, ()) if n not in found]
+
+
+def resolve(path: str, name: str, namespace: dict[str, Any]) -> Any:
+    """The value of ``path.name``, cached in the shim's ``namespace`` (its ``globals()``)."""
+    if name == "__all__":
+        value: Any = names(path)
+    elif name in SUBMODULES.get(path, ()):
+        value = importlib.import_module(f"{path}.{name}")
+    elif name in EXTRA.get(path, {}):
+        value = getattr(importlib.import_module(EXTRA[path][name]), name)
+    else:
+        for target in PATHS[path]:
+            module = importlib.import_module(target)
+            if hasattr(module, name):
+                value = getattr(module, name)
+                break
+        else:
+            raise AttributeError(f"module {path!r} has no attribute {name!r}")
+    namespace[name] = value
+    return value

@@ -1,0 +1,27 @@
+"""Accelerate's ``accelerate.tracking`` module path: GeneralTracker and the trackers.
+
+A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
+
+Example:
+    >>> from accel.tracking import GeneralTracker
+    >>> GeneralTracker.__name__
+    'GeneralTracker'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..compat import paths as _paths
+
+
+def __getattr__(name: str) -> Any:
+    return _paths.resolve(__name__, name, globals())
+
+
+def __dir__() -> list[str]:
+    return _paths.names(__name__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..tracking.trackers import *  # noqa: F403
