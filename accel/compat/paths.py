@@ -27,7 +27,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     "accel.logging": ("accel.env.log",),
     "accel.hooks": ("accel.big_modeling.hooks",),
     "accel.tracking": ("accel.tracking.trackers",),
-    "accel.accelerator": ("accel.compat.accelerator",),
+    "accel.accelerator": ("accel.compat.accelerator", "accel.accelerator.facade"),
     "accel.utils.operations": ("accel.compat.operations",),
     "accel.utils.other": ("accel.compat.other",),
     "accel.utils.random": ("accel.compat.random",),

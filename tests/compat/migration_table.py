@@ -113,7 +113,7 @@ def namespaces() -> list[tuple[str, list[str], object]]:
     top = [n for n in _public(accelerate)
            if not isinstance(getattr(accelerate, n), ModuleType) or hasattr(accel, n)
            or n in ("big_modeling", "hooks", "inference", "commands", "launchers",
-                    "checkpointing", "data_loader", "optimizer", "scheduler")]
+                    "checkpointing", "data_loader", "optimizer", "scheduler", "logging", "state")]
     utils = [n for n in _public(accelerate.utils)
              if not isinstance(getattr(accelerate.utils, n), ModuleType)]
     return [("`accelerate` (top level)", top, accel),

@@ -105,12 +105,12 @@ def test_refuses_when_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> No
 def test_refuses_when_an_accelerator_exists(monkeypatch: pytest.MonkeyPatch) -> None:
     from accel.launch import notebook_launcher
 
-    fake = types.ModuleType("accel.accelerator")
+    fake = types.ModuleType("accel.accelerator.facade")
     exec(textwrap.dedent("""\
         class Accelerator:
             pass
         """), fake.__dict__)
-    monkeypatch.setitem(sys.modules, "accel.accelerator", fake)
+    monkeypatch.setitem(sys.modules, "accel.accelerator.facade", fake)
     keep = fake.Accelerator()  # noqa: F841 - alive while notebook_launcher scans gc
     with pytest.raises(RuntimeError, match="Accelerator already exists.*inside the function"):
         notebook_launcher(print, num_processes=2)

@@ -55,7 +55,8 @@ _SEEN = "signal/seen/"
 #: How long ranks wait for each other to agree on where to run a signal handler (seconds).
 _AGREE_SECONDS = 20.0  # below torchelastic's 30 s between SIGTERM and SIGKILL
 
-_SKIP_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+_ACCEL_DIR = os.path.abspath(__file__).rsplit(os.sep, __name__.count("."))[0]  # the accel package
+_SKIP_DIRS = (_ACCEL_DIR + os.sep,
               os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 _SKIP_FILES = frozenset(os.path.abspath(m.__file__) for m in (contextlib, functools, threading)
                         if m.__file__)
