@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
     "DDPCommunicationHookType": "accel.config.settings",
     "DataLoaderConfiguration": "accel.config.settings",
     "DistributedDataParallelKwargs": "accel.config.settings",
-    "DistributedType": "accel.config.settings",
+    "DistributedType": "accel.compat.distributed_type",
     "GradScalerKwargs": "accel.config.settings",
     "GradientAccumulationPlugin": "accel.config.settings",
     "InitProcessGroupKwargs": "accel.config.settings",
@@ -67,6 +67,12 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        # torch-free, so that `import accel` stays cheap
+        from .compat.refusals import refusal, refused_reason
+
+        reason = refused_reason("accel", name)
+        if reason is not None:  # one of Accelerate's names: say why not, and what instead
+            raise refusal("accel", name, reason)
         raise AttributeError(f"module 'accel' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # cache: later lookups skip __getattr__
@@ -90,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import load as load
     from .checkpoint import save as save
     from .compat.accelerator import Accelerator as Accelerator
+    from .compat.distributed_type import DistributedType as DistributedType
     from .compat.state import AcceleratorState as AcceleratorState
     from .compat.state import GradientState as GradientState
     from .compat.state import PartialState as PartialState
@@ -99,7 +106,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config.settings import DataLoaderConfiguration as DataLoaderConfiguration
     from .config.settings import DDPCommunicationHookType as DDPCommunicationHookType
     from .config.settings import DistributedDataParallelKwargs as DistributedDataParallelKwargs
-    from .config.settings import DistributedType as DistributedType
     from .config.settings import GradientAccumulationPlugin as GradientAccumulationPlugin
     from .config.settings import GradScalerKwargs as GradScalerKwargs
     from .config.settings import InitProcessGroupKwargs as InitProcessGroupKwargs

@@ -26,17 +26,10 @@ import torch
 from torch import nn
 
 from .._base.parse import parse_int
-from ..compat.state import (
-    AcceleratorState,
-    GradientState,
-    bind_accelerator_state,
-    bind_gradient_state,
-)
 from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
 from ..config.settings import (
     AutocastKwargs,
     DataLoaderConfiguration,
-    DistributedType,
     GradientAccumulationPlugin,
     KwargsHandler,
     PrecisionType,
@@ -44,7 +37,6 @@ from ..config.settings import (
 )
 from ..data import PreparedDataLoader, gather_for_metrics, send_to_device, skip_first_batches
 from ..distributed.sync import any_rank
-from ..env.log import main_print
 from ..run.accumulation import AccumulationState
 from ..run.connector import Arguments, connect
 from ..run.memory import release_memory
@@ -53,17 +45,16 @@ from ..run.progress import tqdm as _tqdm
 from ..run.state import RunState
 from ..run.step import StepController
 from ..run.wrappers import AcceleratedOptimizer, AcceleratedScheduler
-from ..strategy import no_join
 from ..strategy.compile import DynamoBackend, TorchDynamoPlugin
 from ..tracking.trackers import TrackerSet
 from ..tracking.trackers import init_trackers as _init_trackers
-from .attributes import AccelerateAttributes
 from .checkpoints import CheckpointingMixin
+from .process import ProcessMixin
 
 __all__ = ["Accelerator"]
 
 
-class Accelerator(CheckpointingMixin, AccelerateAttributes):
+class Accelerator(CheckpointingMixin, ProcessMixin):
     """Run one training loop on CPU, CUDA or XLA, in one process or many.
 
     Arguments and properties follow Hugging Face Accelerate's names; ``dynamo_backend`` (e.g.
@@ -75,6 +66,10 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
     see :mod:`accel.run.connector`. The object itself only delegates: to the runtime built by
     ``connect`` (communicator, precision, strategy), to the run state (what was prepared), and
     to the collaborators below.
+
+    This is the engine's facade; ``accel.Accelerator`` is its subclass in
+    :mod:`accel.compat.accelerator`, which adds what only Accelerate has (``state``,
+    ``gradient_state``, ``distributed_type``, the refused arguments and attributes).
     """
 
     def __init__(
@@ -98,14 +93,11 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         dynamo_plugin: TorchDynamoPlugin | None = None,
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
         parallelism_config: ParallelismConfig | None = None,
-        **unsupported: Any,
     ) -> None:
         given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        opts, rt = connect(Arguments(**given))  # the arguments, by name (unsupported: **kwargs)
+        opts, rt = connect(Arguments(**given))  # the arguments, by name
         self._options, self._rt = opts, rt
-        self._run = RunState(AccumulationState.from_plugin(opts.accumulation))
-        self._state = bind_accelerator_state(rt, opts.dynamo_plugin)
-        self._gradient_state = bind_gradient_state(self._run)
+        self._run = RunState(accumulation=AccumulationState.from_plugin(opts.accumulation))
         self._prep = Preparer.for_run(rt, opts, self._run)
         self._step = StepController(rt.precision, rt.strategy, self._run, rt.comm, rt.monitor.mark)
         self._trackers = TrackerSet.pending(rt.context.is_main_process) \
@@ -124,16 +116,6 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
                 f"rank {self.process_index}, mixed_precision={self.mixed_precision!r})")
 
     # -- properties ----------------------------------------------------------------------------
-    @property
-    def state(self) -> AcceleratorState:
-        """This Accelerator's process and settings, as Accelerate's ``AcceleratorState``."""
-        return self._state
-
-    @property
-    def gradient_state(self) -> GradientState:
-        """This Accelerator's accumulation and loader state (``GradientState``), live."""
-        return self._gradient_state
-
     @property
     def gradient_accumulation_plugin(self) -> GradientAccumulationPlugin:
         return self._options.accumulation
@@ -212,10 +194,6 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         return self._rt.context.is_distributed
 
     @property
-    def distributed_type(self) -> DistributedType:
-        return self._state.distributed_type
-
-    @property
     def mixed_precision(self) -> str:
         return self._rt.precision.mode.value
 
@@ -225,11 +203,12 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
 
     @property
     def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
+        """Whether the current micro-step synchronises gradients (and steps the optimizer)."""
+        return self._run.accumulation.sync_gradients
 
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
-        self.gradient_state.sync_gradients = value
+        self._run.accumulation.sync_gradients = bool(value)
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -419,19 +398,6 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
         """A cheap sync point (no communication) for ``on_signal``; call it once per step."""
         self._rt.monitor.point()
 
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Run the block on the main process first (others wait without a timeout)."""
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Run the block on each node's local main process first."""
-        return self.state.local_main_process_first()
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False
-                                ) -> contextlib.AbstractContextManager[Any]:
-        """Yield this rank's contiguous share of ``inputs`` (unchanged in one process)."""
-        return self.state.split_between_processes(inputs, apply_padding)
-
     def set_trigger(self) -> None:
         """Flag a condition on this rank (e.g. early stopping) for ``check_trigger``."""
         self._run.trigger = True
@@ -449,38 +415,13 @@ class Accelerator(CheckpointingMixin, AccelerateAttributes):
 
         ``even_batches`` overrides ``DataLoaderConfiguration(even_batches=...)`` inside the
         block for the prepared map-style loaders (iterable ones keep theirs, with a warning);
-        Join is enabled when batches are not evened out. Other distributed types warn and run
-        the block unchanged, as in Accelerate.
+        Join is enabled when batches are not evened out. Other strategies warn and run the
+        block unchanged, as in Accelerate.
         """
-        if self.distributed_type is not self._rt.strategy.distributed_type:
-            # state.distributed_type was set (Accelerate's tests do): answer for that type
-            return no_join(self.distributed_type, stacklevel=2)
         return self._step.join_uneven_inputs(joinables, even_batches,
                                              self.dataloader_config.even_batches)
 
-    # -- process helpers -----------------------------------------------------------------------
-    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorate ``function`` to run on the main process only (see ``PartialState``)."""
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: Callable[..., Any] | None = None,
-                   process_index: int | None = None) -> Any:
-        return self.state.on_process(function, process_index)
-
-    def on_local_process(self, function: Callable[..., Any] | None = None,
-                         local_process_index: int | None = None) -> Any:
-        return self.state.on_local_process(function, local_process_index)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the main process only."""
-        main_print(self.is_main_process, *args, **kwargs)
-
+    # -- process helpers (the rest: ProcessMixin) ----------------------------------------------
     def tqdm(self, iterable: Any = None, *args: Any, main_process_only: bool = True,
              **kwargs: Any) -> Any:
         """A progress bar shown on the main process only."""

@@ -27,15 +27,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..config.settings import DistributedType
-
 if TYPE_CHECKING:
     from .facade import Accelerator
 
 __all__ = ["LocalSGD"]
-
-#: the kinds of job whose ranks hold full replicas that can be averaged
-_SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 
 
 class LocalSGD:
@@ -48,23 +43,25 @@ class LocalSGD:
         enabled: False makes the block and ``step()`` do nothing (as does a one-process job).
 
     Raises:
-        NotImplementedError: on XLA, where accel has no per-rank no-sync to train locally.
+        NotImplementedError: with FSDP (ranks hold shards, not replicas) or on XLA, where accel
+            has no per-rank no-sync to train locally.
         ValueError: ``local_sgd_steps`` is not an integer >= 1.
     """
 
     def __init__(self, accelerator: Accelerator, model: nn.Module, local_sgd_steps: int,
                  enabled: bool = True) -> None:
-        if accelerator.distributed_type not in _SUPPORTED:
+        strategy = accelerator._rt.strategy
+        if not strategy.replicates_model:  # its ranks must hold whole replicas to average
             raise NotImplementedError(
-                f"LocalSGD supports one process and DDP on CPU/GPU, not "
-                f"{accelerator.distributed_type.value}; train without LocalSGD there")
+                f"LocalSGD supports one process and DDP on CPU/GPU, not the {strategy.name} "
+                "strategy; train without LocalSGD there")
         if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, int) \
                 or local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps must be an integer >= 1, got {local_sgd_steps!r}")
         self.accelerator = accelerator
         self.model = model
         self.local_sgd_steps = local_sgd_steps
-        self.enabled = enabled and accelerator.distributed_type is not DistributedType.NO
+        self.enabled = enabled and strategy.ctx.is_distributed
         self.num_steps = 0
         self._stack: contextlib.ExitStack | None = None
 

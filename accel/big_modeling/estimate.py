@@ -57,7 +57,7 @@ class ModelSpecError(ValueError):
     """``MODEL_SPEC`` cannot be imported, or does not build a ``torch.nn.Module``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryEstimate:
     """What a model needs at one dtype, in bytes."""
 

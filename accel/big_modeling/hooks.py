@@ -187,7 +187,7 @@ def set_module_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None
                        f"{type(module).__name__}")
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class TiedWeights:
     """What the hooks of one dispatch share (Accelerate's ``tied_params_map``, reshaped).
 

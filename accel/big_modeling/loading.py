@@ -25,7 +25,6 @@ import io
 import json
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._base.warn import warn_user
 from ..checkpoint.storage import CheckpointError, read_manifest
 from ..checkpoint.storage._st import ALIASES_KEY, DTYPE_NAMES, header_size, parse_header
 from .dispatch import dispatch_model
@@ -221,7 +221,7 @@ def _report(model: nn.Module, missing: list[str], unexpected: list[str], strict:
     text = f"the checkpoint does not match {type(model).__name__}: " + "; ".join(what)
     if strict:
         raise ValueError(text + "; check the checkpoint and the model class, or pass strict=False")
-    warnings.warn(text, UserWarning, stacklevel=3)
+    warn_user(text, UserWarning)
 
 
 def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .._base.warn import warn_user
 from .budget import DeviceKey, get_max_memory
 from .sizes import format_size, parse_dtype
 
@@ -297,7 +298,7 @@ def _mean_leaf(model: nn.Module, sizes: Mapping[str, int]) -> int:
     return sum(leaves) // max(len(leaves), 1)
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class _Planner:
     """The state of one :func:`infer_auto_device_map` walk."""
 
@@ -420,8 +421,8 @@ def infer_auto_device_map(model: nn.Module, max_memory: Mapping[object, int | st
     budget: dict[DeviceKey, int | None] = dict(get_max_memory(max_memory))
     budget.setdefault("disk", None)
     sizes = compute_module_sizes(model, dtype, special_dtypes)
-    planner = _Planner(sizes, budget, _no_split_list(no_split_module_classes),
-                       find_tied_parameters(model), _parts_of(model), verbose)
+    planner = _Planner(sizes=sizes, budget=budget, no_split=_no_split_list(no_split_module_classes),
+                       tied=find_tied_parameters(model), queue=_parts_of(model), verbose=verbose)
     while planner.queue:
         planner.step()
     if not offload_buffers:
@@ -442,6 +443,6 @@ def _warn_offloaded_buffers(model: nn.Module, planner: _Planner, dtype: DtypeLik
     sizes = compute_module_sizes(model, dtype, special_dtypes)
     needed = sum(sizes[name] for name in buffers if any(_within(name, o) for o in offloaded))
     if needed and not any((planner.budget[g] or 0) - planner.used[g] >= needed for g in gpus):
-        warnings.warn(f"the offloaded modules hold {format_size(needed)} of buffers, which stay "
-                      "on the GPU and may not fit there; pass offload_buffers=True if you run "
-                      "out of memory", UserWarning, stacklevel=3)
+        warn_user(f"the offloaded modules hold {format_size(needed)} of buffers, which stay "
+                  "on the GPU and may not fit there; pass offload_buffers=True if you run "
+                  "out of memory", UserWarning)

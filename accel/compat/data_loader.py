@@ -37,9 +37,9 @@ from ..data import (
     PreparedDataLoader,
     SeedableRandomSampler,
     SkipBatchSampler,
+    build_prepared_loader,
     skip_first_batches,
 )
-from ..data import prepare_data_loader as _prepare
 from ..distributed import Communicator, ProcessContext
 from ..run.connector import connect_process
 
@@ -136,9 +136,10 @@ def prepare_data_loader(
     ctx, comm = _shard_context(setup.context, num_processes, process_index)
     seed = data_seed if data_seed is not None else _initial_seed(comm)
     place = put_on_device and device is not None
-    return _prepare(dataloader, ctx=ctx, comm=comm, device=device if place else None,
-                    config=config, tracker=DataTracker(groups=False), seed=seed,
-                    after_batch=setup.hardware.batch_hook() if place else None)
+    return build_prepared_loader(
+        dataloader, ctx=ctx, comm=comm, device=device if place else None, config=config,
+        tracker=DataTracker(groups=False), seed=seed,
+        after_batch=setup.hardware.batch_hook() if place else None)
 
 
 def _shard_context(here: ProcessContext, num_processes: int | None, process_index: int | None

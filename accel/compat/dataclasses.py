@@ -13,7 +13,6 @@ from ..config.settings import (
     DataLoaderConfiguration,
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
-    DistributedType,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
@@ -22,6 +21,7 @@ from ..config.settings import (
     ProjectConfiguration,
 )
 from ..strategy.compile import DynamoBackend, TorchDynamoPlugin
+from .distributed_type import DistributedType
 
 __all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
            "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",

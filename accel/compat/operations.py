@@ -6,6 +6,15 @@ True``) every collective first checks that the ranks called the same operation o
 the same shape and dtype, and raises :class:`DistributedOperationException` naming each rank's
 call when they did not.
 
+They run through one :class:`~accel.distributed.Communicator` per process group, so that a
+gather whose shapes every rank sent last time takes the communicator's fast path (reused
+buffers, one collective). :class:`GroupCommunicators` is the per-process holder of those
+communicators (DESIGN.md §3.2's one kind of module-level state): it keys each by its
+``torch.distributed`` group object, weakly, so a destroyed group's communicator goes with it,
+and it reads the environment (``ACCEL_DEBUG``, the launcher's ranks) once per group.
+``PartialState`` views of a multi-process job share the group's communicator, so
+``state.debug = True`` reaches these functions too.
+
 Example:
     >>> import torch
     >>> gather(torch.tensor([1, 2])).tolist(), reduce(torch.tensor([3.0]), "sum").tolist()
@@ -14,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -34,14 +44,49 @@ __all__ = ["DistributedOperationException", "broadcast", "broadcast_object_list"
 DistributedOperationException = CollectiveMismatchError
 
 
+class GroupCommunicators:
+    """One :class:`Communicator` per ``torch.distributed`` process group, held by the group.
+
+    Example:
+        >>> holder = GroupCommunicators()
+        >>> holder.current() is holder.current()  # no process group: one of this process alone
+        True
+    """
+
+    def __init__(self) -> None:
+        self._by_group: weakref.WeakKeyDictionary[Any, Communicator] = \
+            weakref.WeakKeyDictionary()
+        self._alone: Communicator | None = None
+
+    def current(self, ctx: ProcessContext | None = None) -> Communicator:
+        """The communicator of torch's default group, built on first use.
+
+        ``ctx``: the context to build it with (a ``PartialState``'s); by default the one
+        derivation that the Accelerator uses too (``build_context``: the group's rank, the
+        launcher's local rank). Debug checks follow ``ACCEL_DEBUG`` when it is built, and
+        ``state.debug`` afterwards.
+        """
+        if not (dist.is_available() and dist.is_initialized()):
+            if self._alone is None:
+                self._alone = Communicator(ProcessContext.single())
+            return self._alone
+        group = dist.group.WORLD
+        comm = self._by_group.get(group)
+        if comm is None:
+            if ctx is None:
+                kind = {"nccl": "cuda", "xla": "xla"}.get(str(dist.get_backend()), "cpu")
+                ctx = build_context(env.detect_launch(), DEVICE_KINDS[kind]())
+            hooks = [consistency_check] if env.read_settings().debug else []
+            comm = self._by_group[group] = Communicator(ctx, hooks)
+        return comm
+
+
+#: This process's communicators (the holder named in the module docstring).
+COMMUNICATORS = GroupCommunicators()
+
+
 def _comm() -> Communicator:
-    """Collectives on torch's default group; the rank comes from the one derivation that the
-    Accelerator uses too (``build_context``: the group's rank, the launcher's local rank)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
-    kind = {"nccl": "cuda", "xla": "xla"}.get(str(dist.get_backend()), "cpu")
-    hooks = [consistency_check] if env.read_settings().debug else []
-    return Communicator(build_context(env.detect_launch(), DEVICE_KINDS[kind]()), hooks)
+    return COMMUNICATORS.current()
 
 
 def gather(tensor: Any) -> Any:

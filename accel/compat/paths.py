@@ -3,7 +3,10 @@
 accel's root modules that carry Accelerate's module paths (``accel.state``,
 ``accel.data_loader``, ``accel.utils.operations``, ...) are lazy shims: each asks this module
 for a name on first use, so importing a path costs nothing until a name is read, and the
-mapping of Accelerate's names lives here rather than in the shims.
+mapping of Accelerate's names lives here rather than in the shims. A name a path does not have
+raises at the point of use with the reason and the alternative when accel refuses it (see
+:mod:`accel.compat.refusals`), or when another path has it (``accel.utils.other.convert_bytes``
+is ``accel.utils.convert_bytes``).
 
 Example:
     >>> from accel.compat.paths import names
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from .refusals import not_provided, refusal, refused_reason
 
 __all__ = ["EXTRA", "PATHS", "SUBMODULES", "names", "resolve"]
 
@@ -105,6 +110,18 @@ def resolve(path: str, name: str, namespace: dict[str, Any]) -> Any:
                 value = getattr(module, name)
                 break
         else:
-            raise AttributeError(f"module {path!r} has no attribute {name!r}")
+            raise _missing(path, name)
     namespace[name] = value
     return value
+
+
+def _missing(path: str, name: str) -> AttributeError | ImportError:
+    """The error for a name ``path`` lacks: the refusal's reason, or where accel has it."""
+    reason = refused_reason(path, name)
+    if reason is not None:
+        return refusal(path, name, reason)
+    parent = path.rpartition(".")[0]
+    if parent in PATHS and not name.startswith("_") and name in names(parent):
+        return not_provided(name, f"{path} has no {name!r}: accel provides it as "
+                                  f"`{parent}.{name}`; import it from there")
+    return AttributeError(f"module {path!r} has no attribute {name!r}")

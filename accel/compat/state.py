@@ -36,25 +36,22 @@ from typing import Any
 
 import torch
 
-from .. import env
+from ..accelerator.process import only_where, process_filter
 from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
-from ..config.settings import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+from ..config.settings import GradientAccumulationPlugin, InitProcessGroupKwargs
 from ..data import PreparedDataLoader
 from ..distributed import Communicator, ProcessContext, ProcessGroupHandle
 from ..distributed.debug import consistency_check
 from ..distributed.group import destroy_process_group
 from ..distributed.sync import leader_first, split_for_rank
 from ..run.accumulation import AccumulationState
-from ..run.connector import (
-    UNSUPPORTED_ARGUMENTS,
-    Runtime,
-    connect_process,
-    resolve_precision,
-    resolve_sharding,
-)
+from ..run.connector import Runtime, connect_process, resolve_precision, resolve_sharding
 from ..run.state import RunState
 from ..strategy import FSDPStrategy, select_strategy
 from ..strategy.compile import TorchDynamoPlugin
+from .distributed_type import DistributedType, distributed_type_of
+from .operations import COMMUNICATORS
+from .refusals import UNSUPPORTED_ARGUMENTS
 
 __all__ = ["AcceleratorState", "GradientState", "PartialState", "bind_accelerator_state",
            "bind_gradient_state"]
@@ -62,7 +59,7 @@ __all__ = ["AcceleratorState", "GradientState", "PartialState", "bind_accelerato
 _PLUGINS = ("deepspeed_plugin", "torch_tp_plugin", "megatron_lm_plugin")
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class _Process:
     """What a process view reads: the context, the group, and the collectives over it.
 
@@ -78,10 +75,6 @@ class _Process:
     distributed_type: DistributedType
 
 
-def _skip(*args: Any, **kwargs: Any) -> None:
-    """What ``on_main_process`` and friends return on the other ranks: does nothing."""
-
-
 def _connect(cpu: bool, kwargs: dict[str, Any]) -> tuple[_Process, Any]:
     try:
         init = InitProcessGroupKwargs(**kwargs) if kwargs else None
@@ -91,8 +84,11 @@ def _connect(cpu: bool, kwargs: dict[str, Any]) -> tuple[_Process, Any]:
                         "PartialState(**InitProcessGroupKwargs(timeout=600).to_kwargs())") from None
     setup = connect_process(cpu=cpu, init=init)
     ctx, debug = setup.context, setup.settings.debug
-    comm = Communicator(ctx, [consistency_check] if debug else [])
-    process = _Process(ctx, setup.group, comm, select_strategy(ctx).distributed_type)
+    # Views of a job share its group's communicator (and so its debug setting) with accel.utils
+    comm = COMMUNICATORS.current(ctx) if ctx.is_distributed else \
+        Communicator(ctx, [consistency_check] if debug else [])
+    process = _Process(context=ctx, group=setup.group, comm=comm,
+                       distributed_type=distributed_type_of(select_strategy(ctx)))
     return process, setup.settings
 
 
@@ -171,19 +167,20 @@ class PartialState:
         """``ACCEL_DEBUG=1``: collectives first check op/shape/dtype across ranks.
 
         Setting it turns the check on or off for this process: for the collectives of this
-        state (and of its ``Accelerator``) and, through ``ACCEL_DEBUG``, for the module-level
-        ones in ``accel.utils``.
+        state (and of its ``Accelerator``), of the other states of the job, and of the
+        module-level ones in ``accel.utils`` (they share the process group's communicator).
+        The environment is left as it is.
         """
         return consistency_check in self._process.comm.hooks
 
     @debug.setter
     def debug(self, value: bool) -> None:
-        hooks = self._process.comm.hooks
-        if value and consistency_check not in hooks:
-            hooks.append(consistency_check)
-        elif not value and consistency_check in hooks:
-            hooks.remove(consistency_check)
-        env.apply({"ACCEL_DEBUG": "1" if value else "0"})
+        for comm in {id(c): c for c in (self._process.comm, COMMUNICATORS.current())}.values():
+            hooks = comm.hooks
+            if value and consistency_check not in hooks:
+                hooks.append(consistency_check)
+            elif not value and consistency_check in hooks:
+                hooks.remove(consistency_check)
 
     @property
     def use_distributed(self) -> bool:
@@ -250,9 +247,7 @@ class PartialState:
 
     # -- decorators -----------------------------------------------------------------------------
     def _only(self, runs: bool, function: Callable[..., Any]) -> Callable[..., Any]:
-        if runs or not self.use_distributed:
-            return function
-        return functools.wraps(function)(_skip)
+        return only_where(runs, self.use_distributed, function)
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``function`` to run on the main process only (a no-op elsewhere).
@@ -278,23 +273,15 @@ class PartialState:
 
         Use it as ``@state.on_process(process_index=1)``. In one process it always runs.
         """
-        if process_index is None:
-            raise ValueError("on_process needs process_index=<rank>, e.g. "
-                             "@state.on_process(process_index=0)")
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        return self._only(self.process_index == process_index, function)
+        return process_filter(lambda f, process_index: self._only(
+            self.process_index == process_index, f), function, process_index, "process_index")
 
     def on_local_process(self, function: Callable[..., Any] | None = None,
                          local_process_index: int | None = None) -> Any:
         """Decorate ``function`` to run on local process ``local_process_index`` of each node."""
-        if local_process_index is None:
-            raise ValueError("on_local_process needs local_process_index=<local rank>, e.g. "
-                             "@state.on_local_process(local_process_index=0)")
-        if function is None:
-            return functools.partial(self.on_local_process,
-                                     local_process_index=local_process_index)
-        return self._only(self.local_process_index == local_process_index, function)
+        return process_filter(lambda f, local_process_index: self._only(
+            self.local_process_index == local_process_index, f), function, local_process_index,
+            "local_process_index")
 
 
 class AcceleratorState(PartialState):
@@ -364,17 +351,19 @@ class AcceleratorState(PartialState):
         return None if self._mesh is None else self._mesh()
 
 
-def bind_accelerator_state(runtime: Runtime, dynamo_plugin: TorchDynamoPlugin | None = None
-                           ) -> AcceleratorState:
+def bind_accelerator_state(runtime: Runtime, dynamo_plugin: TorchDynamoPlugin | None = None,
+                           distributed_type: DistributedType | None = None) -> AcceleratorState:
     """The ``AcceleratorState`` view of an ``Accelerator``'s runtime (``accelerator.state``).
 
     It shares the runtime's communicator (with its stall monitor), group and strategy, and
-    reports the Accelerator's compile settings (``dynamo_plugin``).
+    reports the Accelerator's compile settings (``dynamo_plugin``) and ``distributed_type``
+    (default: derived from the runtime's strategy).
     """
     state = AcceleratorState.__new__(AcceleratorState)
     state.dynamo_plugin = dynamo_plugin
-    state._process = _Process(runtime.context, runtime.group, runtime.comm,
-                              runtime.strategy.distributed_type)
+    kind = distributed_type or distributed_type_of(runtime.strategy)
+    state._process = _Process(context=runtime.context, group=runtime.group, comm=runtime.comm,
+                              distributed_type=kind)
     state._mixed_precision = runtime.precision.mode.value
     strategy = runtime.strategy
     if isinstance(strategy, FSDPStrategy):
@@ -405,7 +394,7 @@ class GradientState:
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
                  ) -> None:
         plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
-        self._run = RunState(AccumulationState.from_plugin(plugin))
+        self._run = RunState(accumulation=AccumulationState.from_plugin(plugin))
 
     def __repr__(self) -> str:
         return (f"GradientState(sync_gradients={self.sync_gradients}, "

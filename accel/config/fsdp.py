@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._base.parse import FALSE_WORDS, TRUE_WORDS
+from .._base.warn import warn_user
 
 if TYPE_CHECKING:
     import torch
@@ -128,8 +129,8 @@ def _mixed_precision(value: Any) -> Any:
             raise ValueError(f"mixed_precision_policy has unknown keys {sorted(extra)}; FSDP2's "
                              f"MixedPrecisionPolicy takes {sorted(known)}")
         if value.get("buffer_dtype") is not None:
-            warnings.warn("mixed_precision_policy: buffer_dtype is FSDP1's; FSDP2 keeps buffers "
-                          "in the module's dtype (cast them yourself if needed)", stacklevel=4)
+            warn_user("mixed_precision_policy: buffer_dtype is FSDP1's; FSDP2 keeps buffers "
+                      "in the module's dtype (cast them yourself if needed)")
         kwargs: dict[str, Any] = {k: _dtype(v, k) for k, v in value.items()
                                   if k in known - {"cast_forward_inputs"}}
         if "cast_forward_inputs" in value:
@@ -216,9 +217,8 @@ class FullyShardedDataParallelPlugin:
         if str(self.fsdp_version).strip() not in ("None", "1", "2"):
             raise ValueError(f"fsdp_version={self.fsdp_version!r}: accel runs FSDP2; pass 2")
         if str(self.fsdp_version).strip() == "1":
-            warnings.warn("fsdp_version=1: accel shards with FSDP2 (fully_shard); the FSDP1 "
-                          "settings are mapped to FSDP2's (pass fsdp_version=2 to silence this)",
-                          stacklevel=4)
+            warn_user("fsdp_version=1: accel shards with FSDP2 (fully_shard); the FSDP1 "
+                      "settings are mapped to FSDP2's (pass fsdp_version=2 to silence this)")
         self.fsdp_version = 2
         strategy, given = self.sharding_strategy, self.reshard_after_forward
         if given is not None and not _is_flag(given):
@@ -256,14 +256,13 @@ class FullyShardedDataParallelPlugin:
                                  "BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH (FSDP1's; FSDP2 "
                                  "always prefetches before backward, so drop it)")
             if prefetch == "BACKWARD_POST":
-                warnings.warn("backward_prefetch=BACKWARD_POST is FSDP1's; FSDP2 always "
-                              "prefetches the next unit before its backward (BACKWARD_PRE)",
-                              stacklevel=5)
+                warn_user("backward_prefetch=BACKWARD_POST is FSDP1's; FSDP2 always "
+                          "prefetches the next unit before its backward (BACKWARD_PRE)")
         self.backward_prefetch = None
         if self.use_orig_params is not None and not _flag(self.use_orig_params,
                                                           "use_orig_params"):
-            warnings.warn("use_orig_params=False is FSDP1's flat-parameter mode; FSDP2 always "
-                          "trains the original parameters (drop the setting)", stacklevel=5)
+            warn_user("use_orig_params=False is FSDP1's flat-parameter mode; FSDP2 always "
+                      "trains the original parameters (drop the setting)")
         offload = self.activation_checkpointing_offload
         refused = {
             "state_dict_config": (self.state_dict_config is not None, "state_dict_type"),

@@ -9,17 +9,17 @@ Example:
 from __future__ import annotations
 
 import enum
-import warnings
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
+
+from .._base.warn import warn_user
 
 __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
-    "DistributedType",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
@@ -30,40 +30,6 @@ __all__ = [
     "parse_mixed_precision",
     "to_timedelta",
 ]
-
-
-class DistributedType(str, enum.Enum):
-    """How the job is distributed; members and values are Accelerate's, so comparisons carry over.
-
-    accel produces ``NO`` (one process), ``MULTI_CPU`` and ``MULTI_GPU`` (DDP over gloo or
-    nccl) and ``XLA`` (torch_xla, one process or many, as Accelerate reports it). The other
-    members exist so that scripts written for Accelerate keep working: accel never produces
-    ``MULTI_NPU``, ``MULTI_MLU``, ``MULTI_SDAA``, ``MULTI_MUSA``, ``MULTI_XPU``, ``MULTI_HPU``,
-    ``MULTI_NEURON``, ``DEEPSPEED``, ``FSDP`` or ``MEGATRON_LM``, so a branch on one of them is
-    simply not taken. ``MULTI_XLA`` is accel's older name for ``XLA`` (an alias, same member).
-
-    Example:
-        >>> DistributedType.DEEPSPEED == "DEEPSPEED", DistributedType.NO == DistributedType.FSDP
-        (True, False)
-        >>> DistributedType.MULTI_XLA is DistributedType.XLA
-        True
-    """
-
-    NO = "NO"
-    MULTI_CPU = "MULTI_CPU"
-    MULTI_GPU = "MULTI_GPU"
-    MULTI_NPU = "MULTI_NPU"
-    MULTI_MLU = "MULTI_MLU"
-    MULTI_SDAA = "MULTI_SDAA"
-    MULTI_MUSA = "MULTI_MUSA"
-    MULTI_XPU = "MULTI_XPU"
-    DEEPSPEED = "DEEPSPEED"
-    FSDP = "FSDP"
-    XLA = "XLA"
-    MEGATRON_LM = "MEGATRON_LM"
-    MULTI_HPU = "MULTI_HPU"
-    MULTI_NEURON = "MULTI_NEURON"
-    MULTI_XLA = "XLA"  # alias of XLA: Accelerate reports every torch_xla job as XLA
 
 
 class DDPCommunicationHookType(str, enum.Enum):
@@ -223,13 +189,12 @@ class DistributedDataParallelKwargs(KwargsHandler):
                             f"{type(self.comm_state_option).__name__}")
         # Accelerate ignores these silently; ignoring user configuration warns here (§3.8).
         if self.comm_wrapper is not no and self.comm_hook is no:
-            warnings.warn(f"comm_wrapper={self.comm_wrapper.name} is ignored without a comm_hook; "
-                          "set comm_hook too (e.g. DDPCommunicationHookType.POWER_SGD)",
-                          stacklevel=3)
+            warn_user(f"comm_wrapper={self.comm_wrapper.name} is ignored without a comm_hook; "
+                      "set comm_hook too (e.g. DDPCommunicationHookType.POWER_SGD)")
         if self.comm_state_option and self.comm_hook not in _POWER_SGD:
-            warnings.warn("comm_state_option is used by the PowerSGD hooks only and is ignored "
-                          f"with comm_hook={self.comm_hook.name}; set comm_hook=POWER_SGD or "
-                          "BATCHED_POWER_SGD, or drop it", stacklevel=3)
+            warn_user("comm_state_option is used by the PowerSGD hooks only and is ignored "
+                      f"with comm_hook={self.comm_hook.name}; set comm_hook=POWER_SGD or "
+                      "BATCHED_POWER_SGD, or drop it")
 
     def to_kwargs(self) -> dict[str, Any]:
         """The changed arguments of the DDP constructor (the hook fields are not among them)."""

@@ -15,8 +15,8 @@ Example:
     >>> from torch.utils.data import DataLoader
     >>> from accel.config import DataLoaderConfiguration
     >>> from accel.distributed import Communicator, ProcessContext
-    >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
-    >>> loader = prepare_data_loader(DataLoader(range(3), batch_size=2), ctx=ctx,
+    >>> ctx = ProcessContext.single()
+    >>> loader = build_prepared_loader(DataLoader(range(3), batch_size=2), ctx=ctx,
     ...     comm=Communicator(ctx), device=torch.device("cpu"),
     ...     config=DataLoaderConfiguration(), tracker=DataTracker(), seed=0)
     >>> [batch.tolist() for batch in loader]
@@ -28,8 +28,8 @@ from __future__ import annotations
 from .loader import (
     DataTracker,
     PreparedDataLoader,
+    build_prepared_loader,
     override_even_batches,
-    prepare_data_loader,
     skip_first_batches,
 )
 from .metrics import gather_for_metrics
@@ -44,9 +44,9 @@ __all__ = [
     "SeedableRandomSampler",
     "SeedableSampler",
     "SkipBatchSampler",
+    "build_prepared_loader",
     "gather_for_metrics",
     "override_even_batches",
-    "prepare_data_loader",
     "send_to_device",
     "skip_first_batches",
     "trim_batch",

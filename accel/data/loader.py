@@ -5,9 +5,9 @@ Example:
     >>> from torch.utils.data import DataLoader
     >>> from accel.config import DataLoaderConfiguration
     >>> from accel.distributed import Communicator, ProcessContext
-    >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    >>> ctx = ProcessContext.single()
     >>> tracker = DataTracker()
-    >>> loader = prepare_data_loader(DataLoader(range(5), batch_size=2), ctx=ctx,
+    >>> loader = build_prepared_loader(DataLoader(range(5), batch_size=2), ctx=ctx,
     ...     comm=Communicator(ctx), device=None, config=DataLoaderConfiguration(),
     ...     tracker=tracker, seed=0)
     >>> [(b.tolist(), loader.end_of_dataloader) for b in loader]
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
+from .._base.warn import warn_user
 from ..config.settings import DataLoaderConfiguration
 from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
@@ -35,7 +36,7 @@ from .sources import _Source, rebuild_loader
 from .transfer import send_to_device
 from .trim import trim_batch
 
-__all__ = ["DataTracker", "PreparedDataLoader", "override_even_batches", "prepare_data_loader",
+__all__ = ["DataTracker", "PreparedDataLoader", "build_prepared_loader", "override_even_batches",
            "skip_first_batches"]
 
 #: 3: adds "generator" (use_seedable_sampler=False: the sampler generator's state at the start
@@ -195,16 +196,16 @@ class PreparedDataLoader:
             epoch, skip = (self.epoch + 1 if self._started else self.epoch), 0
         if requested_skip is not None:
             if loaded and requested_skip != skip:
-                warnings.warn(
+                warn_user(
                     f"skip_first_batches({requested_skip}) after load_state restored the "
                     f"position after batch {skip} of epoch {epoch} "
                     "(use_stateful_dataloader=True): this pass starts after batch "
                     f"{requested_skip} of that epoch, as asked. The loader resumes by itself; "
-                    "iterate it without skip_first_batches", stacklevel=3)
+                    "iterate it without skip_first_batches")
             elif loaded and skip:
-                warnings.warn("skip_first_batches is not needed after load_state with "
-                              "use_stateful_dataloader=True: the loader already resumes with "
-                              "the next unseen batch", stacklevel=3)
+                warn_user("skip_first_batches is not needed after load_state with "
+                          "use_stateful_dataloader=True: the loader already resumes with "
+                          "the next unseen batch")
             skip = requested_skip
         self._next, self._next_loaded = None, False
         self._started = True
@@ -333,18 +334,17 @@ class PreparedDataLoader:
         generator = state.get("generator")
         lost = self._source.pass_generator is not None and generator is None
         if skip and ((state["version"] == 1 and self._source.seeded) or lost):
-            warnings.warn(
+            warn_user(
                 f"this data loader position (epoch {state['next_epoch']}, after batch {skip}) was "
                 "saved by an accel version (or use_seedable_sampler setting) that shuffled in "
                 "another order: the rest of that "
                 "epoch follows the current order, so some of its samples may repeat or be left "
-                "out; later epochs are unaffected", stacklevel=2)
+                "out; later epochs are unaffected")
         seed = int(state["seed"])
         chosen = self._config.data_seed
         if chosen is not None and chosen != seed:
-            warnings.warn(f"data_seed={chosen} differs from the checkpoint's data seed {seed}; "
-                          "the checkpoint's seed is used so that the data order resumes exactly",
-                          stacklevel=2)
+            warn_user(f"data_seed={chosen} differs from the checkpoint's data seed {seed}; "
+                      "the checkpoint's seed is used so that the data order resumes exactly")
         self._seed = seed
         self._source.set_seed(seed)
         if self._source.pass_generator is not None and isinstance(generator, torch.Tensor):
@@ -374,10 +374,10 @@ def _convert_skip(skip: int, old_world: int, new_world: int, split: bool) -> int
     return skip * old_world // new_world
 
 
-def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: Communicator,
-                        device: torch.device | None, config: DataLoaderConfiguration,
-                        tracker: DataTracker, seed: int,
-                        after_batch: Callable[[], None] | None = None) -> PreparedDataLoader:
+def build_prepared_loader(loader: DataLoader[Any], *, ctx: ProcessContext,
+                          comm: Communicator, device: torch.device | None,
+                          config: DataLoaderConfiguration, tracker: DataTracker, seed: int,
+                          after_batch: Callable[[], None] | None = None) -> PreparedDataLoader:
     """Shard ``loader`` by rank (once), place its batches on ``device`` and track it.
 
     ``seed`` must be the same on every rank (``config.data_seed`` wins when set).
@@ -388,8 +388,8 @@ def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: C
         >>> from torch.utils.data import DataLoader
         >>> from accel.config import DataLoaderConfiguration
         >>> from accel.distributed import Communicator, ProcessContext
-        >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
-        >>> dl = prepare_data_loader(DataLoader(range(4), batch_size=2), ctx=ctx,
+        >>> ctx = ProcessContext.single()
+        >>> dl = build_prepared_loader(DataLoader(range(4), batch_size=2), ctx=ctx,
         ...     comm=Communicator(ctx), device=None, config=DataLoaderConfiguration(),
         ...     tracker=DataTracker(), seed=0)
         >>> len(dl), dl.total_batch_size
@@ -406,7 +406,7 @@ def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: C
         raise ValueError("this data loader was prepared by another Accelerator; pass the "
                          "original DataLoader to prepare()")
     if not isinstance(loader, DataLoader):
-        raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got "
+        raise TypeError(f"build_prepared_loader needs a torch.utils.data.DataLoader, got "
                         f"{type(loader).__name__}")
     seed = config.data_seed if config.data_seed is not None else int(seed)
     source = select_source(loader, ctx, config, seed, comm)
@@ -417,14 +417,14 @@ def prepare_data_loader(loader: DataLoader[Any], *, ctx: ProcessContext, comm: C
 
 
 @contextlib.contextmanager
-def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool,
-                          stacklevel: int = 3) -> Iterator[None]:
+def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool
+                          ) -> Iterator[None]:
     """Inside the block, the map-style ``loaders`` shard with ``even_batches=even``; their own
     values come back on exit (``Accelerator.join_uneven_inputs(even_batches=...)``).
 
     Loaders of iterable datasets, and loaders that were already sharded (a
-    ``DistributedSampler``), keep theirs, with a warning (on every rank, as Accelerate's) that
-    names the line ``stacklevel`` frames up (3: the ``with`` statement around this call).
+    ``DistributedSampler``), keep theirs, with a warning (on every rank, as Accelerate's) at the
+    user's ``with`` statement.
 
     Example:
         >>> import torch
@@ -432,7 +432,8 @@ def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool,
         >>> from accel.config import DataLoaderConfiguration
         >>> from accel.distributed import ProcessContext
         >>> from accel.data.sources import MapSource
-        >>> ctx = ProcessContext(1, 1, 2, 2, 0, torch.device("cpu"), "gloo", "none")  # rank 1
+        >>> ctx = ProcessContext(rank=1, local_rank=1, world_size=2, local_world_size=2,
+        ...     node_rank=0, device=torch.device("cpu"), backend="gloo", launcher="none")
         >>> base = DataLoader(range(3), batch_size=1)
         >>> source = MapSource(base, rank=1, world=2, even=True, split=False, seed=0)
         >>> dl = PreparedDataLoader(base, source, ctx=ctx, device=None,
@@ -453,11 +454,10 @@ def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool,
         changed.append((shard, shard.even_batches))
         shard.even_batches = even
     if kept:
-        warnings.warn(
+        warn_user(
             "overriding even_batches is only supported for map-style datasets that prepare() "
             f"shards: {kept} prepared loader(s) read an iterable dataset (or were already "
-            f"sharded by a DistributedSampler) and keep their even_batches",
-            stacklevel=stacklevel)
+            f"sharded by a DistributedSampler) and keep their even_batches")
     try:
         yield
     finally:

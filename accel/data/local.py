@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
+from .._base.warn import warn_user
 from .iterable import clone_batch
 from .plan import Step
 
@@ -215,8 +215,7 @@ class RankLocal:
         if len(known) == len(batches) and known:
             self.steps_per_pass = max(known)
             if not self.decided and len(set(known)) > 1:
-                self._found(f"its dataset's length differs across ranks ({batches} batches)",
-                            stacklevel=8)
+                self._found(f"its dataset's length differs across ranks ({batches} batches)")
 
     def detect(self, chunks: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int]]:
         """``chunks`` unchanged, after the ranks compared the fingerprints of their first
@@ -228,7 +227,7 @@ class RankLocal:
         everyone = self.exchange(mine)
         self.decided = True
         if any(list(other) != mine for other in everyone):
-            self._found("its first batches differ across ranks", stacklevel=5)
+            self._found("its first batches differ across ranks")
         return itertools.chain(head, chunks)
 
     def steps(self, chunks: Iterator[tuple[Any, int]], *, skip: int
@@ -237,23 +236,22 @@ class RankLocal:
                                        skip=skip, rank=self.rank):
             if step.real == 0 and not self.even and not self._warned_even:
                 self._warned_even = True
-                warnings.warn(
+                warn_user(
                     f"even_batches=False does not apply to a rank-local stream: rank {self.rank}'s "
                     "stream ended before another rank's, and no rank knows in advance when the "
                     "others' end, so it repeats its last batch (marked as padding: "
                     "gather_for_metrics drops it) until the longest stream ends; this keeps "
-                    "every collective matched", stacklevel=3)
+                    "every collective matched")
             yield batch, step
 
-    def _found(self, why: str, *, stacklevel: int) -> None:
-        """Rank-local after all: say so once, on the main process, at the user's line
-        (``stacklevel`` frames up)."""
+    def _found(self, why: str) -> None:
+        """Rank-local after all: say so once, on the main process, at the user's line."""
         self.rank_local = True
         if self.rank == 0:
-            warnings.warn(
+            warn_user(
                 f"the iterable dataset of a prepared DataLoader reads a different stream on each "
                 f"rank ({why}): it is taken as already split by rank, and each rank keeps all of "
                 "its stream (cutting it again would lose data). Pass DataLoaderConfiguration("
                 "already_sharded=True) to say so and silence this warning; if every rank should "
                 "read the same stream, make its order the same on every rank (seed its shuffle "
-                "identically) so that prepare() splits it", stacklevel=stacklevel)
+                "identically) so that prepare() splits it")

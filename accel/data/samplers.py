@@ -99,7 +99,7 @@ class SeedableSampler(Sampler[int]):
         return len(self.sampler)  # type: ignore[arg-type]
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class EpochRun:
     """One pass over a prepared map-style loader: its epoch, batches to skip, and the steps the
     shard sampler has planned (read in order by the prepared loader as batches arrive)."""

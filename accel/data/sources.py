@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from torch.utils.data import (
     RandomSampler,
 )
 
+from .._base.warn import warn_user
 from .iterable import ChunkRounds, CountingCollate, count_samples
 from .local import RankLocal
 from .plan import Step, rank_steps
@@ -63,8 +63,8 @@ def rebuild_loader(loader: DataLoader[Any], *, in_order: bool | None = None,
         kwargs["prefetch_factor"] = loader.prefetch_factor
     user_in_order = getattr(loader, "in_order", True)
     if in_order is not None and in_order != user_in_order:
-        warnings.warn("DataLoader(in_order=False) is overridden: accel needs batches in sampler "
-                      "order to know which samples each batch holds", stacklevel=4)
+        warn_user("DataLoader(in_order=False) is overridden: accel needs batches in sampler "
+                  "order to know which samples each batch holds")
     kwargs["in_order"] = user_in_order if in_order is None else in_order
     kwargs.update(overrides)
     return DataLoader(loader.dataset, **kwargs)
@@ -96,11 +96,11 @@ def _warn_generators(loader: DataLoader[Any]) -> None:
     owned = [g for g in [loader.generator] + [getattr(s, "generator", None) for s in samplers
                                               if not hasattr(s, "set_epoch")] if g is not None]
     if owned:
-        warnings.warn(
+        warn_user(
             "the DataLoader's (or its sampler's) generator is not used: the data order and the "
             "workers' seeds come from (seed, epoch), so that every rank shuffles the same way and "
             "a resumed run repeats them; set DataLoaderConfiguration(data_seed=...) to choose "
-            "the seed", stacklevel=5)
+            "the seed")
 
 
 def _seedable(sampler: Any, seed: int) -> Any:
@@ -280,7 +280,7 @@ class MapSource(_Source):
         return nominal // world
 
     def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
-        run = EpochRun(epoch, skip)
+        run = EpochRun(epoch=epoch, skip=skip)
         self.shard.next_run = run
         for batch in self.loader:
             if not run.steps or run.steps[0].payload is None:

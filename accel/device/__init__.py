@@ -11,8 +11,7 @@ Example:
 
 from __future__ import annotations
 
-import warnings
-
+from .._base.warn import warn_user
 from ..env import EnvSettings
 from .base import Device
 from .cpu import CPUDevice
@@ -79,10 +78,9 @@ def select_device(
         # ACCEL_DEVICE is overridden here, so it need not be available (e.g. cpu=True while
         # `accel launch` exported ACCEL_DEVICE=cuda on a machine without a GPU).
         if env_choice is not None and _resolve(env_choice, "ACCEL_DEVICE").kind != chosen.kind:
-            warnings.warn(
+            warn_user(
                 f"Accelerator(device/cpu) asks for {chosen.kind!r} but ACCEL_DEVICE (set by "
                 f"`accel launch`) is {env_choice!r}; using {chosen.kind!r} from the constructor",
-                stacklevel=3,
             )
         return chosen()
     if env_choice is not None:

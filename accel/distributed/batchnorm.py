@@ -60,7 +60,7 @@ def parse_mode(value: bool | str | None, what: str = "sync_batchnorm") -> str | 
                      "or False (each process normalises its own batch)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BatchNormSync:
     """What ``prepare()`` does to BatchNorm layers: the mode and the group it resolved to."""
 

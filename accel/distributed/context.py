@@ -2,9 +2,12 @@
 
 Example:
     >>> import torch
-    >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    >>> ctx = ProcessContext(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
+    ...                      device=torch.device("cpu"), backend="gloo", launcher="torchrun")
     >>> ctx.is_main_process, ctx.is_distributed
-    (True, False)
+    (False, True)
+    >>> ProcessContext.single().is_main_process
+    True
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 __all__ = ["ProcessContext"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ProcessContext:
     """Rank, local rank, world size, node rank, device and backend of this process."""
 
@@ -28,6 +31,21 @@ class ProcessContext:
     device: torch.device
     backend: str
     launcher: str
+
+    @classmethod
+    def single(cls, device: torch.device | str = "cpu") -> ProcessContext:
+        """The context of a lone process: rank 0 of 1 on ``device``, gloo, no launcher.
+
+        What a script run as ``python train.py`` gets, and what tests and examples of the
+        single-process paths build.
+
+        Example:
+            >>> ctx = ProcessContext.single()
+            >>> ctx.rank, ctx.world_size, str(ctx.device), ctx.backend, ctx.launcher
+            (0, 1, 'cpu', 'gloo', 'none')
+        """
+        return cls(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                   device=torch.device(device), backend="gloo", launcher="none")
 
     @property
     def is_distributed(self) -> bool:

@@ -43,8 +43,9 @@ def build_context(info: LaunchInfo, device: Device) -> ProcessContext:
     torch_device = device.torch_device(local_rank)
     backend = device.dist_backend
     node_rank = rank // max(local_world, 1) if info.launcher == "none" else info.node_rank
-    return ProcessContext(rank, local_rank, world, local_world, node_rank,
-                          torch_device, backend, info.launcher)
+    return ProcessContext(rank=rank, local_rank=local_rank, world_size=world,
+                          local_world_size=local_world, node_rank=node_rank, device=torch_device,
+                          backend=backend, launcher=info.launcher)
 
 
 class ProcessGroupHandle:

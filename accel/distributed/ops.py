@@ -16,7 +16,7 @@ At world size 1 every collective returns at once without touching torch.distribu
 Example:
     >>> import torch
     >>> from accel.distributed.context import ProcessContext
-    >>> comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    >>> comm = Communicator(ProcessContext.single())
     >>> comm.gather(torch.tensor(3.0)).tolist()
     [3.0]
 """
@@ -343,6 +343,8 @@ class Communicator:
                 shape, dims = dims[:ndim], dims[ndim:]
                 nbytes = math.prod(shape) * tensor.element_size()
                 chunk = rows[rank, offset: offset + nbytes]
+                if tensor.element_size() > _ALIGN:  # complex128: rows are only 8-byte aligned
+                    chunk = chunk.clone()
                 parts[index].append(chunk.view(tensor.dtype).reshape(shape))
                 offset += _align(nbytes)
         return [torch.cat(p).to(t.device) for p, t in zip(parts, leaves, strict=True)]
@@ -471,9 +473,11 @@ def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
         if size <= _ALIGN:  # offsets and rows are 8-byte aligned
             typed = flat if flat.dtype == tensor.dtype else flat.view(tensor.dtype)
             block = typed.as_strided((world, count), (row_bytes // size, 1), start // size)
-        else:  # e.g. complex128: copy the bytes out first
+        else:  # e.g. complex128: copy the bytes out first (into a new, 16-byte aligned tensor:
+            # ``contiguous()`` returns an empty view itself, which cannot be viewed as complex)
             raw = flat.view(torch.uint8).as_strided((world, count * size), (row_bytes, 1), start)
-            block = raw.contiguous().view(tensor.dtype)
+            block = torch.empty((world, count), dtype=tensor.dtype, device=flat.device)
+            block.view(torch.uint8).copy_(raw)
         value = block.reshape((world * shape[0],) + shape[1:])
         if shape[0] == 1:  # the reshape was a view of ``flat``, which a kept receive buffer
             value = value.contiguous()  # reuses at the next gather: copy (a batch of one, 0-d)

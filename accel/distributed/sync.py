@@ -7,7 +7,8 @@ does not hit the process-group timeout of the waiting ranks.
 Example:
     >>> import torch
     >>> from accel.distributed.context import ProcessContext
-    >>> ctx = ProcessContext(1, 1, 2, 2, 0, torch.device("cpu"), "gloo", "none")
+    >>> ctx = ProcessContext(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
+    ...                      device=torch.device("cpu"), backend="gloo", launcher="none")
     >>> split_for_rank(ctx, [1, 2, 3], apply_padding=True)
     [3, 3]
 """

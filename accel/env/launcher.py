@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_PORT", "LaunchInfo", "detect_launch", "expand_nodelist"]
 DEFAULT_PORT = 29500
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LaunchInfo:
     """What the launcher told this process about its place in the job."""
 
@@ -123,8 +123,10 @@ def _from_torchrun(environ: Mapping[str, str]) -> LaunchInfo | None:
     addr, port = _rendezvous(environ, "torchrun", False, None, None)
     node = optional_int(environ, "GROUP_RANK")
     return LaunchInfo(
-        "torchrun", rank, local_rank, world, local_world,
-        rank // max(local_world, 1) if node is None else node, addr, port,
+        launcher="torchrun", rank=rank, local_rank=local_rank, world_size=world,
+        local_world_size=local_world,
+        node_rank=rank // max(local_world, 1) if node is None else node, master_addr=addr,
+        master_port=port,
         use_agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         restart_count=optional_int(environ, "TORCHELASTIC_RESTART_COUNT") or 0,
         run_id=environ.get("TORCHELASTIC_RUN_ID") or None,
@@ -160,15 +162,18 @@ def _from_mpi(environ: Mapping[str, str]) -> LaunchInfo | None:
             # node layout. Without either we can only assume one node.
             slurm = _from_slurm(environ)
             if slurm is not None and (slurm.rank, slurm.world_size) == (rank, world):
-                return LaunchInfo(name, rank, slurm.local_rank, world, slurm.local_world_size,
-                                  slurm.node_rank, slurm.master_addr, slurm.master_port)
+                return LaunchInfo(launcher=name, rank=rank, local_rank=slurm.local_rank,
+                                  world_size=world, local_world_size=slurm.local_world_size,
+                                  node_rank=slurm.node_rank, master_addr=slurm.master_addr,
+                                  master_port=slurm.master_port)
             local_rank, local_world = rank, world
         _check(name, rank, world, local_rank, local_world)
         multi = local_world < world
         job_id = next((environ[v] for v in job_vars if environ.get(v)), None)
         addr, port = _rendezvous(environ, name, multi, None, job_id)
-        return LaunchInfo(name, rank, local_rank, world, local_world,
-                          rank // max(local_world, 1), addr, port)
+        return LaunchInfo(launcher=name, rank=rank, local_rank=local_rank, world_size=world,
+                          local_world_size=local_world, node_rank=rank // max(local_world, 1),
+                          master_addr=addr, master_port=port)
     return None
 
 
@@ -255,7 +260,9 @@ def _from_slurm(environ: Mapping[str, str]) -> LaunchInfo | None:
         not environ.get("MASTER_ADDR") else None
     job_id = environ.get("SLURM_JOB_ID", "") + "." + environ.get("SLURM_STEP_ID", "")
     addr, port = _rendezvous(environ, "slurm", multi, first if multi else None, job_id)
-    return LaunchInfo("slurm", rank, local_rank, world, local_world, node_id, addr, port)
+    return LaunchInfo(launcher="slurm", rank=rank, local_rank=local_rank, world_size=world,
+                      local_world_size=local_world, node_rank=node_id, master_addr=addr,
+                      master_port=port)
 
 
 def _ps_view(info: LaunchInfo, environ: Mapping[str, str]) -> LaunchInfo:
@@ -266,7 +273,8 @@ def _ps_view(info: LaunchInfo, environ: Mapping[str, str]) -> LaunchInfo:
     if role is None:
         return info
     if role.is_server:
-        return LaunchInfo("none", 0, 0, 1, 1, 0, info.master_addr, info.master_port)
+        return LaunchInfo(launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1,
+                          node_rank=0, master_addr=info.master_addr, master_port=info.master_port)
     return replace(info, rank=role.index, world_size=role.worker_num,
                    local_rank=role.local_index, local_world_size=role.local_count)
 
@@ -283,5 +291,6 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
         if info is not None:
             return _ps_view(info, env) if info.launcher == "torchrun" else info
     port = optional_int(env, "MASTER_PORT")
-    return LaunchInfo("none", 0, 0, 1, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"),
-                      port if port is not None else DEFAULT_PORT)
+    return LaunchInfo(launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1,
+                      node_rank=0, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                      master_port=port if port is not None else DEFAULT_PORT)

@@ -83,10 +83,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _process_start_time() -> float | None:
-    """Wall-clock time this process started (Linux ``/proc``), or None where unknown."""
+def _process_start_time(stat_file: str = "/proc/self/stat") -> float | None:
+    """Wall-clock time this process started (Linux ``/proc``), or None where unknown.
+
+    ``stat_file`` is another process's or thread's ``stat`` file (``/proc/<pid>/stat``) in
+    tests. The one OS internal of the in-order turn files, which stay here in L1 (logging works
+    without torch and before any process group, so it cannot use accel/distributed/health);
+    tests/unit/distributed/health/test_pins.py pins the field against this kernel.
+    """
     try:
-        stat = Path("/proc/self/stat").read_text()
+        stat = Path(stat_file).read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start time after boot
         age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
@@ -94,7 +100,7 @@ def _process_start_time() -> float | None:
     return time.time() - age
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class _Turn:
     """One ``in_order`` message's place in the per-node sequence, kept in small files.
 
@@ -224,7 +230,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
             msg = f"[rank {info.rank}] {msg}"
         turn = None
         if in_order and info.local_world_size > 1:
-            turn = _Turn(_turn_directory(info), info.local_rank, self.in_order_timeout)
+            turn = _Turn(directory=_turn_directory(info), local_rank=info.local_rank,
+                         timeout=self.in_order_timeout)
             if not turn.wait():
                 self.logger.warning(
                     "[rank %d] in_order: local rank %d had not logged its matching in-order "

@@ -61,7 +61,7 @@ def format_ps_layout(machines: tuple[tuple[int, int], ...]) -> str:
     return ",".join(f"{s}:{w}" for s, w in machines)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PsRole:
     """This process's place in a parameter-server job.
 
@@ -121,10 +121,12 @@ def ps_role(environ: Mapping[str, str] | None = None) -> PsRole | None:
     before_s = sum(s for s, _ in machines[:node])
     before_w = sum(w for _, w in machines[:node])
     if local < servers:
-        return PsRole("server", before_s + local, total_s, total_w, rank, total_s + total_w,
-                      local, servers, node)
-    return PsRole("worker", before_w + local - servers, total_s, total_w, rank,
-                  total_s + total_w, local - servers, workers, node)
+        return PsRole(role="server", index=before_s + local, server_num=total_s, worker_num=total_w,
+                      rank=rank, world_size=total_s + total_w, local_index=local,
+                      local_count=servers, machine=node)
+    return PsRole(role="worker", index=before_w + local - servers, server_num=total_s,
+                  worker_num=total_w, rank=rank, world_size=total_s + total_w,
+                  local_index=local - servers, local_count=workers, machine=node)
 
 
 def rank_roles(text: str) -> dict[int, str]:

@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .._base.parse import is_true, parse_bool, parse_choice
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EnvSettings:
     """Settings passed to workers by ``accel launch`` through ``ACCEL_*`` variables."""
 
@@ -96,8 +96,8 @@ class EnvSettings:
             >>> EnvSettings(use_fsdp=True, fsdp_version="2").given("fsdp_")
             {'fsdp_version': '2'}
         """
-        return {name: value for name, value in vars(self).items()
-                if name.startswith(prefix) and value is not None}
+        found = {f.name: getattr(self, f.name) for f in fields(self) if f.name.startswith(prefix)}
+        return {name: value for name, value in found.items() if value is not None}
 
 
 #: Accelerate's ``DynamoBackend`` values, lower-cased (``no``: do not compile).
@@ -203,7 +203,7 @@ def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str],
     return read
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AccelVariable:
     """One ``ACCEL_*`` variable.
 
@@ -227,73 +227,100 @@ class AccelVariable:
 
 
 ACCEL_TABLE: tuple[AccelVariable, ...] = (
-    AccelVariable("ACCEL_DEVICE", "device kind for every worker: cpu | cuda | xla | mps",
-                  "device", _text, "device"),
-    AccelVariable("ACCEL_MIXED_PRECISION", "no | fp16 | bf16", "mixed_precision", _text,
-                  "mixed_precision"),
-    AccelVariable("ACCEL_GRADIENT_ACCUMULATION_STEPS", "integer >= 1",
-                  "gradient_accumulation_steps", _positive, "gradient_accumulation_steps"),
-    AccelVariable("ACCEL_DEBUG", "1 to check op/shape/dtype across ranks before every "
-                  "collective", "debug", _truthy, "debug"),
-    AccelVariable("ACCEL_TIMEOUT", "collective timeout in seconds", "timeout", seconds_variable),
-    AccelVariable("ACCEL_STALL_SECONDS", "seconds a collective may wait before a stall report "
-                  "is printed", "stall_seconds", seconds_variable),
-    AccelVariable("ACCEL_CONFIG_FILE", "path of the YAML config file used by `accel launch` / "
-                  "`accel config`", "config_file", _text),
-    AccelVariable("ACCEL_LAUNCHED", "set to 1 by `accel launch` (informational)", "launched",
-                  _one),
-    AccelVariable("ACCEL_NUM_THREADS", "torch intra-op threads per worker (applied by "
-                  "Accelerator())", "num_threads", _positive, "num_cpu_threads_per_process",
-                  ("OMP_NUM_THREADS",)),
-    AccelVariable("ACCEL_DYNAMO_BACKEND", "torch.compile backend, Accelerate's names lower-cased "
+    AccelVariable(name="ACCEL_DEVICE",
+                  description="device kind for every worker: cpu | cuda | xla | mps",
+                  field="device", read=_text, launch_setting="device"),
+    AccelVariable(name="ACCEL_MIXED_PRECISION", description="no | fp16 | bf16",
+                  field="mixed_precision", read=_text, launch_setting="mixed_precision"),
+    AccelVariable(name="ACCEL_GRADIENT_ACCUMULATION_STEPS", description="integer >= 1",
+                  field="gradient_accumulation_steps", read=_positive,
+                  launch_setting="gradient_accumulation_steps"),
+    AccelVariable(name="ACCEL_DEBUG",
+                  description="1 to check op/shape/dtype across ranks before every collective",
+                  field="debug", read=_truthy, launch_setting="debug"),
+    AccelVariable(name="ACCEL_TIMEOUT", description="collective timeout in seconds",
+                  field="timeout", read=seconds_variable),
+    AccelVariable(name="ACCEL_STALL_SECONDS",
+                  description="seconds a collective may wait before a stall report is printed",
+                  field="stall_seconds", read=seconds_variable),
+    AccelVariable(name="ACCEL_CONFIG_FILE",
+                  description="path of the YAML config file used by `accel launch` / "
+                  "`accel config`", field="config_file", read=_text),
+    AccelVariable(name="ACCEL_LAUNCHED", description="set to 1 by `accel launch` (informational)",
+                  field="launched", read=_one),
+    AccelVariable(name="ACCEL_NUM_THREADS",
+                  description="torch intra-op threads per worker (applied by Accelerator())",
+                  field="num_threads", read=_positive, launch_setting="num_cpu_threads_per_process",
+                  fallbacks=("OMP_NUM_THREADS",)),
+    AccelVariable(name="ACCEL_DYNAMO_BACKEND",
+                  description="torch.compile backend, Accelerate's names lower-cased "
                   "(no, eager, aot_eager, inductor, cudagraphs, ...); Accelerator() compiles "
-                  "prepared models with it", "dynamo_backend",
-                  _choice(DYNAMO_BACKENDS, "a dynamo backend"), "dynamo_backend"),
-    AccelVariable("ACCEL_DYNAMO_MODE", "torch.compile mode: default, reduce-overhead, "
-                  "max-autotune or max-autotune-no-cudagraphs", "dynamo_mode",
-                  _choice(DYNAMO_MODES, "a torch.compile mode"), "dynamo_mode"),
-    AccelVariable("ACCEL_DYNAMO_USE_FULLGRAPH", "1 to compile the whole model as one graph "
-                  "(torch.compile fullgraph=True)", "dynamo_use_fullgraph", _switch,
-                  "dynamo_use_fullgraph"),
-    AccelVariable("ACCEL_DYNAMO_USE_DYNAMIC", "1 to trace dynamic shapes (torch.compile "
-                  "dynamic=True; 0: dynamic=False; unset: torch's default)", "dynamo_use_dynamic",
-                  _maybe_switch, "dynamo_use_dynamic"),
-    AccelVariable("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", "1 to compile repeated blocks "
-                  "once each (regional compilation)", "dynamo_use_regional_compilation",
-                  _switch, "dynamo_use_regional_compilation"),
-    AccelVariable("ACCEL_INIT_INCLUDE_BUFFERS", "1 to create buffers on the meta device too "
+                  "prepared models with it", field="dynamo_backend",
+                  read=_choice(DYNAMO_BACKENDS, "a dynamo backend"),
+                  launch_setting="dynamo_backend"),
+    AccelVariable(name="ACCEL_DYNAMO_MODE",
+                  description="torch.compile mode: default, reduce-overhead, "
+                  "max-autotune or max-autotune-no-cudagraphs", field="dynamo_mode",
+                  read=_choice(DYNAMO_MODES, "a torch.compile mode"), launch_setting="dynamo_mode"),
+    AccelVariable(name="ACCEL_DYNAMO_USE_FULLGRAPH",
+                  description="1 to compile the whole model as one graph "
+                  "(torch.compile fullgraph=True)", field="dynamo_use_fullgraph", read=_switch,
+                  launch_setting="dynamo_use_fullgraph"),
+    AccelVariable(name="ACCEL_DYNAMO_USE_DYNAMIC",
+                  description="1 to trace dynamic shapes (torch.compile "
+                  "dynamic=True; 0: dynamic=False; unset: torch's default)",
+                  field="dynamo_use_dynamic", read=_maybe_switch,
+                  launch_setting="dynamo_use_dynamic"),
+    AccelVariable(name="ACCEL_DYNAMO_USE_REGIONAL_COMPILATION",
+                  description="1 to compile repeated blocks once each (regional compilation)",
+                  field="dynamo_use_regional_compilation", read=_switch,
+                  launch_setting="dynamo_use_regional_compilation"),
+    AccelVariable(name="ACCEL_INIT_INCLUDE_BUFFERS",
+                  description="1 to create buffers on the meta device too "
                   "under init_empty_weights() / init_on_device() when include_buffers is not "
-                  "given", "init_include_buffers", _switch),
-    AccelVariable("ACCEL_USE_FSDP", "1 to shard models with FSDP2 (accel launch --use_fsdp); "
+                  "given", field="init_include_buffers", read=_switch),
+    AccelVariable(name="ACCEL_USE_FSDP",
+                  description="1 to shard models with FSDP2 (accel launch --use_fsdp); "
                   "Accelerator() builds its fsdp_plugin from the FSDP variables below",
-                  "use_fsdp", _switch, "use_fsdp"),
-    *(AccelVariable(f"ACCEL_{name.upper()}", f"FullyShardedDataParallelPlugin: {text} (accel "
-                    f"launch --{name})", name, _text, name) for name, text in FSDP_VARIABLES),
-    *(AccelVariable(f"ACCEL_PARALLELISM_CONFIG_{name.upper()}", f"ParallelismConfig {name}: "
+                  field="use_fsdp", read=_switch, launch_setting="use_fsdp"),
+    *(AccelVariable(name=f"ACCEL_{name.upper()}",
+                    description=f"FullyShardedDataParallelPlugin: {text} (accel "
+                    f"launch --{name})", field=name, read=_text,
+                    launch_setting=name) for name, text in FSDP_VARIABLES),
+    *(AccelVariable(name=f"ACCEL_PARALLELISM_CONFIG_{name.upper()}",
+                    description=f"ParallelismConfig {name}: "
                     f"{text} (accel launch --parallelism_config_{name})",
-                    f"parallelism_config_{name}", _positive, f"parallelism_config_{name}")
+                    field=f"parallelism_config_{name}", read=_positive,
+                    launch_setting=f"parallelism_config_{name}")
       for name, text in (("dp_replicate_size", "replicated groups (HSDP)"),
                          ("dp_shard_size", "processes that shard the model in each group"))),
-    AccelVariable("ACCEL_SYNC_BATCHNORM", "global | node | false: prepare() turns BatchNorm "
+    AccelVariable(name="ACCEL_SYNC_BATCHNORM",
+                  description="global | node | false: prepare() turns BatchNorm "
                   "layers into SyncBatchNorm over all processes or over each machine's "
-                  "(Accelerator(sync_batchnorm=...))", "sync_batchnorm", _sync_batchnorm,
-                  "sync_batchnorm"),
-    AccelVariable("ACCEL_ELASTIC_DIR", "directory where hvd.elastic commits are kept for "
+                  "(Accelerator(sync_batchnorm=...))", field="sync_batchnorm", read=_sync_batchnorm,
+                  launch_setting="sync_batchnorm"),
+    AccelVariable(name="ACCEL_ELASTIC_DIR",
+                  description="directory where hvd.elastic commits are kept for "
                   "restarted workers; shared storage survives a lost machine (default: <temp "
-                  "dir>/accel-elastic-<user>)", "elastic_dir", _text),
-    AccelVariable("ACCEL_LOG_LEVEL", "level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
+                  "dir>/accel-elastic-<user>)", field="elastic_dir", read=_text),
+    AccelVariable(name="ACCEL_LOG_LEVEL",
+                  description="level for accel.get_logger loggers (DEBUG/INFO/WARNING/"
                   "ERROR/CRITICAL)"),  # read by accel.env.log_level
     # What `accel launch` on this machine was asked for: the bootstrap compares it with the
     # world torchrun formed (machines started with different -n).
-    AccelVariable("ACCEL_NUM_PROCESSES", "processes requested on all machines (internal)",
+    AccelVariable(name="ACCEL_NUM_PROCESSES",
+                  description="processes requested on all machines (internal)", documented=False),
+    AccelVariable(name="ACCEL_NUM_MACHINES", description="machines requested (internal)",
                   documented=False),
-    AccelVariable("ACCEL_NUM_MACHINES", "machines requested (internal)", documented=False),
-    AccelVariable("ACCEL_AGENT_PID", "pid of the launcher's agent; workers die with it "
-                  "(internal)", documented=False),
-    AccelVariable("ACCEL_PS_LAYOUT", "parameter-server roles from `accel launch --server_num/"
+    AccelVariable(name="ACCEL_AGENT_PID",
+                  description="pid of the launcher's agent; workers die with it (internal)",
+                  documented=False),
+    AccelVariable(name="ACCEL_PS_LAYOUT",
+                  description="parameter-server roles from `accel launch --server_num/"
                   "--worker_num`: servers:workers per machine, read by accel.ps and "
                   "detect_launch (internal)", documented=False),
-    AccelVariable("ACCEL_RANK_LOG_DIR", "`accel launch --log_dir`: where each worker links "
+    AccelVariable(name="ACCEL_RANK_LOG_DIR",
+                  description="`accel launch --log_dir`: where each worker links "
                   "its log files as workerlog.<rank> (internal)", documented=False),
 )
 

@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .._base.warn import warn_user
 from ._session import Session, current
 from .process_sets import ProcessSet, group_of
 from .reduce_op import Average, Max, Min, Product, Sum, name_of
@@ -29,7 +29,7 @@ _TORCH_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.Redu
 _WARNED_AVERAGE = "horovod.warned_average"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Scope:
     """Where one collective runs: the session, the torch group and the set's global ranks."""
 
@@ -75,8 +75,9 @@ def scope_of(process_set: ProcessSet | None) -> Scope:
     session = current()
     group = group_of(process_set)
     if process_set is None or process_set.process_set_id == 0:
-        return Scope(session, group, tuple(range(session.context.world_size)))
-    return Scope(session, group, tuple(process_set.ranks), process_set.process_set_id or 0)
+        return Scope(session=session, group=group, ranks=tuple(range(session.context.world_size)))
+    return Scope(session=session, group=group, ranks=tuple(process_set.ranks),
+                 set_id=process_set.process_set_id or 0)
 
 
 def resolve_op(op: int | None, average: bool | None, what: str) -> int:
@@ -89,9 +90,9 @@ def resolve_op(op: int | None, average: bool | None, what: str) -> int:
         extras = current().extras
         if not extras.get(_WARNED_AVERAGE):
             extras[_WARNED_AVERAGE] = True
-            warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
-                          "in Horovod v1.0; use op=hvd.Average or op=hvd.Sum",
-                          DeprecationWarning, stacklevel=3)
+            warn_user("Parameter `average` has been replaced with `op` and will be removed "
+                      "in Horovod v1.0; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning)
         op = Average if average else Sum
     else:
         op = Average

@@ -25,7 +25,9 @@ __all__ = ["NOT_INITIALIZED", "Session", "current", "installed", "install", "uni
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 
-@dataclass
+# Not slotted: hvd.SyncBatchNorm keeps a weakref to the session, and weakref_slot=True needs
+# Python 3.11 (accel supports 3.10).
+@dataclass(kw_only=True)
 class Session:
     """What ``hvd.init()`` set up: the process (context, group, launch info) and its sets.
 

@@ -51,7 +51,7 @@ def init(comm: Sequence[int] | None = None,
             f"(ranks 0..{ctx.world_size - 1}); to work on a subset, pass "
             "process_sets=[hvd.ProcessSet(ranks)] and give process_set= to the collectives")
     hooks = [consistency_check] if setup.settings.debug else []
-    session = Session(setup, Communicator(ctx, hooks))
+    session = Session(setup=setup, comm=Communicator(ctx, hooks))
     register_initial_sets(session, process_sets)
     start_joins(session)
     install(session)

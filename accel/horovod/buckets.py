@@ -102,7 +102,7 @@ def plan_by_groups(params: Sequence[torch.Tensor],
     return buckets
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class Bucket:
     """Parameters reduced together; ``ready`` counts those whose gradient is final."""
 
@@ -115,7 +115,7 @@ class Bucket:
     buffer: torch.Tensor | None = None
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class Reducer:
     """The per-step state machine: gradients become ready, buckets start in order, then finish.
 

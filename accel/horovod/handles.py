@@ -29,13 +29,13 @@ __all__ = ["poll", "submit", "synchronize"]
 _KEY = "horovod.handles"
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class _Pending:
     works: Sequence[Any]  # torch.distributed Work objects (empty when already done)
     finish: Callable[[], Any]  # builds the result once the works are done
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class _Table:
     next_id: int = 1
     pending: dict[int, _Pending] = field(default_factory=dict)
@@ -55,7 +55,7 @@ def submit(works: Sequence[Any], finish: Callable[[], Any]) -> int:
     table = _table()
     handle = table.next_id
     table.next_id += 1
-    table.pending[handle] = _Pending([w for w in works if w is not None], finish)
+    table.pending[handle] = _Pending(works=[w for w in works if w is not None], finish=finish)
     return handle
 
 

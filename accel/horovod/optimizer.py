@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._base.warn import warn_user
 from ._join_state import begin, done, joins_of
 from ._plumbing import Scope, scope_of
 from ._session import current
@@ -177,8 +178,8 @@ def _check_args(op: int, predivide: float, passes: int, num_groups: int, groups:
     if predivide != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
-                      "in a future version; pass groups=N.", DeprecationWarning, stacklevel=3)
+        warn_user("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                  "in a future version; pass groups=N.", DeprecationWarning)
         if groups is None:
             groups = num_groups
     if passes <= 0:
@@ -245,11 +246,11 @@ def _install(opt: Any, names: dict[torch.Tensor, str], compression: Any, groups:
     params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
     plan = _plan(opt, params, groups, bucket_cap_mb)
     _check_same_plan(plan, names, scope)
-    reducer = Reducer([Bucket(b) for b in plan], compression, opt.op,
-                      opt.gradient_predivide_factor, scope.group, scope.size,
-                      opt.backward_passes_per_step, opt.sparse_as_dense,
-                      lambda p: names.get(p, "?"), joins=joins_of(scope.session),
-                      set_id=scope.set_id)
+    reducer = Reducer(buckets=[Bucket(params=b) for b in plan], compression=compression, op=opt.op,
+                      predivide=opt.gradient_predivide_factor, group=scope.group,
+                      group_size=scope.size, passes=opt.backward_passes_per_step,
+                      sparse_as_dense=opt.sparse_as_dense, name_of=lambda p: names.get(p, "?"),
+                      joins=joins_of(scope.session), set_id=scope.set_id)
     for p in params:
         opt._hvd_hooks.append(p.register_post_accumulate_grad_hook(reducer.grad_ready))
     opt._hvd_reducer = reducer

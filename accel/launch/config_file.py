@@ -99,7 +99,7 @@ _REFUSED_BLOCKS = {"DEEPSPEED": "deepspeed_config",
                    "MEGATRON_LM": "megatron_lm_config"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ConfigFile:
     """A parsed config file: launch settings it sets, and the keys it ignores."""
 
@@ -233,7 +233,8 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
         del values["gpu_ids"]
     elif isinstance(values.get("gpu_ids"), (list, tuple)):
         values["gpu_ids"] = ",".join(str(item) for item in values["gpu_ids"])
-    return ConfigFile(path, values, sorted(ignored), dict(raw), unsupported)
+    return ConfigFile(path=path, values=values, ignored=sorted(ignored), raw=dict(raw),
+                      unsupported=unsupported)
 
 
 def _nested(spec: tuple[str, tuple[str, ...]], block: str, items: Mapping[str, Any],

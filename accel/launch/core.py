@@ -15,7 +15,7 @@ agent runs in the launcher process and execs ``accel.launch.bootstrap`` per work
 Nothing here imports torch at import time.
 
 Example:
-    >>> rdzv = Rendezvous("c10d", "127.0.0.1", 0, run_id="r1")
+    >>> rdzv = Rendezvous(backend="c10d", host="127.0.0.1", port=0, run_id="r1")
     >>> rdzv.torchrun_args()
     ['--rdzv-backend', 'c10d', '--rdzv-endpoint', '127.0.0.1:0', '--rdzv-id', 'r1']
     >>> WorkerSpec(device="cpu", num_threads=2).environment()["ACCEL_DEVICE"]
@@ -95,7 +95,7 @@ def default_threads(cpu_count: int, processes_per_node: int) -> int:
     return max(1, cpu_count // max(1, processes_per_node))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerSpec:
     """What every worker of a launch is told, through the environment it inherits.
 
@@ -179,7 +179,7 @@ def exposed_port_warning(host: str, port: int) -> str:
             "join or disrupt this job; keep it on a private network")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Rendezvous:
     """How the agents of one job meet.
 

@@ -41,7 +41,7 @@ __all__ = ["Host", "HostLayout", "assign", "host_layout", "parse_hosts", "read_h
 _SLOTS = re.compile(r"(?<![\w-])slots\s*=\s*(\S+)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Host:
     """One machine of a host list and the processes it may run."""
 
@@ -49,7 +49,7 @@ class Host:
     slots: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HostLayout:
     """What a host list means for this machine.
 
@@ -94,13 +94,13 @@ def _host(entry: str, where: str) -> Host:
     entry = entry.strip()
     if entry.startswith("["):
         name, _, rest = entry[1:].partition("]")
-        return Host(name, _slots(rest[1:], where) if rest.startswith(":") else 1)
+        return Host(name=name, slots=_slots(rest[1:], where) if rest.startswith(":") else 1)
     name, sep, count = entry.rpartition(":") if entry.count(":") == 1 else ("", "", entry)
     if not sep:
-        return Host(entry, 1)
+        return Host(name=entry, slots=1)
     if not name:
         raise CLIError(f"{where}: {entry!r} has no host name before ':'")
-    return Host(name, _slots(count, where))
+    return Host(name=name, slots=_slots(count, where))
 
 
 def parse_hosts(text: str, where: str = "-H") -> tuple[Host, ...]:
@@ -126,7 +126,7 @@ def _hostfile_line(line: str, where: str) -> Host:
     host, rest = _host(name, where), " ".join(rest_words)
     match = _SLOTS.search(rest)
     if match is not None:
-        return Host(host.name, _slots(match.group(1), where))
+        return Host(name=host.name, slots=_slots(match.group(1), where))
     if re.search(r"(?<![\w-])slots\b", rest):
         raise CLIError(f"{where}: {line!r} has no number after slots; write host slots=N")
     return host
@@ -218,4 +218,4 @@ def host_layout(hosts: Sequence[Host], total: int | None, source: str,
     where = source.replace("flag ", "").replace("hostfile ", "--hostfile ")  # as typed
     _check_uniform(placed, count, where)
     rank = _this_machine(placed, hosts, where, is_local, machine_rank)
-    return HostLayout(tuple(placed), count, rank, source)
+    return HostLayout(hosts=tuple(placed), total=count, machine_rank=rank, source=source)

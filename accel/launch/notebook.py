@@ -28,10 +28,10 @@ import signal
 import sys
 import threading
 import uuid
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._base.warn import warn_user
 from ..env import apply, cpu_count, error_file, worker_ranks
 from .core import (
     LOOPBACK,
@@ -154,10 +154,10 @@ def _rendezvous(master_addr: str, port: int | None, node_rank: int,
     backend = default_backend(num_nodes)  # never a single-node static: no free port needed
     chosen = port or default_port(backend, num_nodes, free_port=lambda: 0)
     if num_nodes > 1:
-        warnings.warn(f"{who}: {exposed_port_warning(master_addr, chosen)}", stacklevel=4)
+        warn_user(f"{who}: {exposed_port_warning(master_addr, chosen)}")
     run_id = MULTI_NODE_RUN_ID if num_nodes > 1 else uuid.uuid4().hex
-    return Rendezvous(backend, master_addr, chosen, run_id, num_nodes=num_nodes,
-                      node_rank=node_rank)
+    return Rendezvous(backend=backend, host=master_addr, port=chosen, run_id=run_id,
+                      num_nodes=num_nodes, node_rank=node_rank)
 
 
 def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, spec: WorkerSpec,

@@ -40,7 +40,7 @@ _PEER_PATTERNS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Failure:
     """One failed worker, as the launcher reports it."""
 
@@ -125,18 +125,20 @@ def failure_from_error_data(rank: int, local_rank: int, pid: int, exitcode: int,
         info = message.get("extraInfo") or {}
         accel = info.get("accel") or {}
         stamp = accel.get("time_ns") or int(info.get("timestamp") or 0) * 1_000_000_000
-        return Failure(rank, local_rank, int(accel.get("pid") or pid), exitcode,
-                       str(accel.get("host") or socket.gethostname()),
-                       str(message.get("message", "")),
-                       str(info.get("py_callstack") or message.get("message", "")),
-                       int(stamp or fallback_time_ns))
+        return Failure(rank=rank, local_rank=local_rank, pid=int(accel.get("pid") or pid),
+                       exitcode=exitcode, host=str(accel.get("host") or socket.gethostname()),
+                       message=str(message.get("message", "")),
+                       traceback=str(info.get("py_callstack") or message.get("message", "")),
+                       time_ns=int(stamp or fallback_time_ns))
     if isinstance(message, str) and message and message != _NO_ERROR_FILE:
-        return Failure(rank, local_rank, pid, exitcode, socket.gethostname(), message, message,
-                       fallback_time_ns)
+        return Failure(rank=rank, local_rank=local_rank, pid=pid, exitcode=exitcode,
+                       host=socket.gethostname(), message=message, traceback=message,
+                       time_ns=fallback_time_ns)
     text = (f"killed by {signal.Signals(-exitcode).name}" if exitcode < 0 and
             -exitcode in signal.Signals._value2member_map_ else f"exited with code {exitcode}")
-    return Failure(rank, local_rank, pid, exitcode, socket.gethostname(), text, None,
-                   fallback_time_ns)
+    return Failure(rank=rank, local_rank=local_rank, pid=pid, exitcode=exitcode,
+                   host=socket.gethostname(), message=text, traceback=None,
+                   time_ns=fallback_time_ns)
 
 
 def root_failure(failures: Sequence[Failure]) -> Failure:

@@ -49,7 +49,7 @@ _DEVICES = ("cpu", "cuda", "xla", "mps")
 _Parse = Callable[[Any, str], Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LaunchSettings:
     """Everything needed to build the torchrun command line and the workers' environment."""
 
@@ -449,7 +449,7 @@ def _extras(src: _Sources, flags: Mapping[str, Any], device: str, warnings: list
 def _sharding(src: _Sources, device: str, total: int, machines: int,
               warnings: list[str]) -> dict[str, Any]:
     """``use_fsdp`` and the ``fsdp`` settings (see ``accel.launch.sharding``)."""
-    return resolve_fsdp(Lookup(src.get, src.sources), device=device, total=total,
+    return resolve_fsdp(Lookup(get=src.get, sources=src.sources), device=device, total=total,
                         machines=machines, warnings=warnings,
                         device_flag=src.device_flag if src.flags.get("device") else None)
 

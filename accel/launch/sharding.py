@@ -11,8 +11,9 @@ plugin from them.
 
 Example:
     >>> found = {"use_fsdp": True, "fsdp_reshard_after_forward": "false"}
-    >>> lookup = Lookup(lambda name, parse, default: parse(found[name], name) if name in found
-    ...                 else default, {name: "flag --" + name for name in found})
+    >>> lookup = Lookup(get=lambda name, parse, default: parse(found[name], name)
+    ...                 if name in found else default,
+    ...                 sources={name: "flag --" + name for name in found})
     >>> resolve_fsdp(lookup, device="cpu", total=2, machines=1, warnings=[])
     {'use_fsdp': True, 'fsdp': {'fsdp_reshard_after_forward': 'false'}}
 """
@@ -45,7 +46,7 @@ PARALLELISM_SETTINGS = tuple(LAUNCH_PARALLELISM)
 WORKER_SIZES = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Lookup:
     """How settings are looked up (flag > environment > config file) and where each came from:
     ``get(name, parse, default)`` and ``sources[name]`` ("flag --x", "env VAR", "config PATH")."""

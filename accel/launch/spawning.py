@@ -44,11 +44,11 @@ import pickle
 import signal
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._base.warn import warn_user
 from ..env import cpu_count
 from .core import LOOPBACK, WorkerSpec, default_threads, is_local_address
 from .notebook import _check_parent, _launch
@@ -61,7 +61,7 @@ _OPTIONS = ("start_method", "gpus", "selected_devices", "backend", "ips", "start
             "print_config")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerProcess:
     """A started worker: its global rank and process id (on this machine)."""
 
@@ -120,7 +120,7 @@ class SpawnContext:
         """The workers started so far on this machine, by rank."""
         while self._report is not None and not self._report.empty():
             rank, pid = self._report.get()
-            self._seen[rank] = WorkerProcess(rank, pid)
+            self._seen[rank] = WorkerProcess(rank=rank, pid=pid)
         return [self._seen[rank] for rank in sorted(self._seen)]
 
     def join(self, timeout: float | None = None) -> bool:
@@ -194,8 +194,8 @@ def _device_and_nprocs(nprocs: int, device: str | None, gpus: str | None) -> tup
                          "CUDA_VISIBLE_DEVICES, or pass backend='gloo' for CPU processes")
     if device == "cpu":
         if gpus is not None:
-            warnings.warn(f"spawn(): gpus={gpus!r} is ignored: the processes run on the CPU "
-                          "(no GPU visible, or backend='gloo')", stacklevel=3)
+            warn_user(f"spawn(): gpus={gpus!r} is ignored: the processes run on the CPU "
+                      "(no GPU visible, or backend='gloo')")
         return device, 1 if nprocs == -1 else nprocs
     pool = len(gpus.split(",")) if gpus else visible
     if gpus and max(int(i) for i in gpus.split(",")) >= visible:

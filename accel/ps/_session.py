@@ -55,7 +55,7 @@ def _worker_name(index: int) -> str:
     return f"worker{index}"
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class Session:
     """This process's place in the job and what it set up.
 
@@ -179,8 +179,9 @@ def current() -> Session:
         role = ps_role()
         local = role is None
         if role is None:
-            role = PsRole("worker", 0, 1, 1, 0, 1, 0, 1, 0)
-        session = Session(role, local)
+            role = PsRole(role="worker", index=0, server_num=1, worker_num=1, rank=0, world_size=1,
+                          local_index=0, local_count=1, machine=0)
+        session = Session(role=role, local=local)
         if local:
             session.server = ServerState(0, 1, 1)
             _remote.serve(session.server)

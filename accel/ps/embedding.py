@@ -121,10 +121,12 @@ class ShardedEmbedding(nn.Module):
         self.mode, self.k_steps, self.max_staleness = mode, k_steps, max_staleness
         scale = init_scale if init_scale is not None else 1.0 / math.sqrt(embedding_dim)
         self._config = TableConfig(
-            self.name, num_embeddings, embedding_dim, self.sparse_optimizer.config(), partition,
-            mode, seed if seed is not None else zlib.crc32(self.name.encode()), float(scale),
-            session.role.worker_num)
-        self._partition = Partition(num_embeddings, session.role.server_num, partition)
+            name=self.name, num_embeddings=num_embeddings, dim=embedding_dim,
+            optimizer=self.sparse_optimizer.config(), partition=partition, mode=mode,
+            seed=seed if seed is not None else zlib.crc32(self.name.encode()),
+            init_scale=float(scale), workers=session.role.worker_num)
+        self._partition = Partition(num_embeddings=num_embeddings, servers=session.role.server_num,
+                                    kind=partition)
         self._worker = session.role.index
         self._seq = 0
         self._pending: list[list[_Call]] = []

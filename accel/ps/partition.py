@@ -11,7 +11,7 @@ servers: a table re-partitioned over another server count, or built whole in one
 
 Example:
     >>> import torch
-    >>> part = Partition(10, 3, "hash")
+    >>> part = Partition(num_embeddings=10, servers=3, kind="hash")
     >>> part.owner(torch.tensor([0, 4, 8])).tolist(), part.rows(1)
     ([0, 1, 2], 3)
     >>> full = initial_weight(10, 2, seed=1, scale=0.1)
@@ -32,7 +32,7 @@ PARTITIONS = ("hash", "range")
 INIT_BLOCK = 1 << 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Partition:
     """``num_embeddings`` rows over ``servers`` servers."""
 

@@ -19,7 +19,8 @@ Nothing here knows about RPC: :mod:`accel.ps._remote` calls it, and a process wi
 Example:
     >>> import torch
     >>> from accel.ps.optimizers import SGD
-    >>> cfg = TableConfig("t", 6, 2, SGD(lr=1.0).config(), "hash", "sync", 0, 0.0, 2)
+    >>> cfg = TableConfig(name="t", num_embeddings=6, dim=2, optimizer=SGD(lr=1.0).config(),
+    ...                   partition="hash", mode="sync", seed=0, init_scale=0.0, workers=2)
     >>> shard = Shard(cfg, server=0, servers=1)
     >>> _ = shard.push(0, 0, torch.tensor([1]), torch.ones(1, 2))
     >>> done = shard.push(1, 0, torch.tensor([1]), torch.ones(1, 2) * 3)
@@ -44,7 +45,7 @@ __all__ = ["MODES", "ServerState", "Shard", "TableConfig", "out_of_range"]
 MODES = ("sync", "async", "geo")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TableConfig:
     """Everything a server needs to create its shard of a table (equal on every worker)."""
 
@@ -75,7 +76,7 @@ def out_of_range(ids: torch.Tensor, num_embeddings: int, table: str) -> IndexErr
                       "feature hashing / vocabulary size of the batch")
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class _Round:
     parts: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     futures: list[torch.futures.Future[None]] = field(default_factory=list)
@@ -87,7 +88,8 @@ class Shard:
     def __init__(self, config: TableConfig, server: int, servers: int) -> None:
         self.config = config
         self.server = server
-        self.partition = Partition(config.num_embeddings, servers, config.partition)
+        self.partition = Partition(num_embeddings=config.num_embeddings, servers=servers,
+                                   kind=config.partition)
         self.optimizer: SparseOptimizer = optimizer_from_config(config.optimizer)
         self.weight = shard_initial(self.partition, server, config.dim, config.seed,
                                     config.init_scale)

@@ -23,7 +23,7 @@ from ..config.settings import GradientAccumulationPlugin
 __all__ = ["AccumulationState"]
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class AccumulationState:
     num_steps: int = 1
     adjust_scheduler: bool = True

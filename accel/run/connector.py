@@ -12,17 +12,16 @@ state between calls; two ``Accelerator`` objects get two runtimes.
 
 Example:
     >>> options, runtime = connect(Arguments(cpu=True, mixed_precision="bf16"))
-    >>> runtime.precision.mode.value, runtime.strategy.distributed_type.value
-    ('bf16', 'NO')
+    >>> runtime.precision.mode.value, runtime.strategy.name
+    ('bf16', 'single')
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ import torch
 
 from .. import env
 from .._base.parse import parse_int
+from .._base.warn import warn_user
 from ..config.fsdp import (
     LAUNCH_FSDP,
     LAUNCH_PARALLELISM,
@@ -70,21 +70,9 @@ from ..strategy.compile import DynamoBackend, TorchDynamoPlugin
 from ..tracking.trackers import check_log_with
 from .rng import RNG_TYPES
 
-__all__ = ["Arguments", "Handlers", "Options", "ProcessSetup", "Runtime", "UNSUPPORTED_ARGUMENTS",
-           "connect", "connect_process", "resolve_dynamo", "resolve_precision", "resolve_sharding",
+__all__ = ["Arguments", "Handlers", "Options", "ProcessSetup", "Runtime", "connect",
+            "connect_process", "resolve_dynamo", "resolve_precision", "resolve_sharding",
            "resolve_sync_batchnorm", "sort_handlers"]
-
-#: Accelerate constructor arguments that accel does not implement, and what to do instead.
-UNSUPPORTED_ARGUMENTS = {
-    "deepspeed_plugin": "DeepSpeed is not supported; use DDP (the default)",
-    "deepspeed_plugins": "DeepSpeed is not supported; use DDP (the default)",
-    "megatron_lm_plugin": "Megatron-LM is not supported",
-    "torch_tp_plugin": "tensor parallelism is not supported",
-    "split_batches": "pass dataloader_config=DataLoaderConfiguration(split_batches=...)",
-    "dispatch_batches": "accel never dispatches batches from rank 0; drop the argument",
-    "even_batches": "pass dataloader_config=DataLoaderConfiguration(even_batches=...)",
-    "use_seedable_sampler": "pass dataloader_config=DataLoaderConfiguration(...)",
-}
 
 _RNG_TYPES = RNG_TYPES
 #: plugin fields whose effect lives in other fields once normalised
@@ -92,7 +80,7 @@ _EFFECTS = {"sharding_strategy": ("reshard_after_forward", "hybrid")}
 _Config = TypeVar("_Config", FullyShardedDataParallelPlugin, ParallelismConfig)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Arguments:
     """``Accelerator(...)``'s arguments as given (names and defaults are Accelerate's)."""
 
@@ -115,10 +103,9 @@ class Arguments:
     dynamo_plugin: TorchDynamoPlugin | None = None
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
     parallelism_config: ParallelismConfig | None = None
-    unsupported: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Handlers:
     """``kwargs_handlers`` sorted by kind (at most one of each)."""
 
@@ -128,7 +115,7 @@ class Handlers:
     autocast: AutocastKwargs | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Options:
     """The user's choices after validation and resolution; what the facade exposes."""
 
@@ -149,7 +136,7 @@ class Options:
     parallelism_config: ParallelismConfig | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ProcessSetup:
     """This process's place in the job: what ``PartialState`` needs, and the base of a runtime."""
 
@@ -160,7 +147,7 @@ class ProcessSetup:
     group: ProcessGroupHandle
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Runtime:
     """What one ``Accelerator`` runs on; built once by :func:`connect`, never replaced."""
 
@@ -236,7 +223,7 @@ def _start_process(settings: env.EnvSettings, device: str | None, cpu: bool,
     ctx = build_context(info, hardware)
     group = start_process_group(ctx, info, hardware, timeout, init.backend if init else None,
                                 init.init_method if init else None, single=single)
-    return ProcessSetup(settings, info, hardware, ctx, group)
+    return ProcessSetup(settings=settings, launch=info, hardware=hardware, context=ctx, group=group)
 
 
 def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) -> Runtime:
@@ -250,23 +237,21 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
                                options.parallelism_config, options.precision_mode)
     attendance = Attendance(monitor, timeout=group.timeout) \
         if ctx.is_distributed and monitor.store is not None else None
-    return Runtime(settings, info, process.hardware, ctx, group, monitor, comm, precision,
-                   strategy, attendance, _batchnorm_sync(options.sync_batchnorm, ctx))
+    return Runtime(settings=settings, launch=info, hardware=process.hardware, context=ctx,
+                   group=group, monitor=monitor, comm=comm, precision=precision, strategy=strategy,
+                   attendance=attendance, batchnorm=_batchnorm_sync(options.sync_batchnorm, ctx))
 
 
 def _batchnorm_sync(mode: str | None, ctx: ProcessContext) -> BatchNormSync | None:
     """The mode and group of SyncBatchNorm; "node" creates the node groups (collective)."""
     if mode is None:
         return None
-    return BatchNormSync(mode, node_group(ctx) if mode == "node" else None)
+    return BatchNormSync(mode=mode, group=node_group(ctx) if mode == "node" else None)
 
 
 # -- validation ------------------------------------------------------------------------------
 def _check_arguments(args: Arguments) -> None:
     """Reject wrong types early (``cpu="yes"`` would otherwise be truthy and silently apply)."""
-    for name in args.unsupported:
-        hint = UNSUPPORTED_ARGUMENTS.get(name, "it is not an Accelerator argument")
-        raise TypeError(f"Accelerator() got an unsupported argument {name!r}: {hint}")
     for name in ("cpu", "device_placement", "step_scheduler_with_optimizer"):
         value = getattr(args, name)
         if not isinstance(value, bool):
@@ -363,8 +348,8 @@ def _from_env(given: _Config | None, values: dict[str, Any], fields: dict[str, s
               if any(getattr(given, item) != getattr(from_env, item)
                      for item in _EFFECTS.get(fields[name], (fields[name],)))]
     if differ:
-        warnings.warn(f"Accelerator({argument}=...) overrides {', '.join(differ)} set by "
-                      f"`accel launch`; using the {argument} given", stacklevel=6)
+        warn_user(f"Accelerator({argument}=...) overrides {', '.join(differ)} set by "
+                  f"`accel launch`; using the {argument} given")
     return given
 
 
@@ -391,22 +376,19 @@ def _warn_dynamo(plugin: TorchDynamoPlugin, settings: env.EnvSettings) -> None:
     """Say when a compile setting is overridden or has no effect (once, main process)."""
     chosen = plugin.to_dict()["backend"]
     if settings.dynamo_backend is not None and settings.dynamo_backend != chosen:
-        _disagree("dynamo_backend", chosen, "ACCEL_DYNAMO_BACKEND", settings.dynamo_backend,
-                  depth=5)
+        _disagree("dynamo_backend", chosen, "ACCEL_DYNAMO_BACKEND", settings.dynamo_backend)
     unused = [name for name in plugin.to_kwargs() if name != "disable"]
     if plugin.use_regional_compilation:
         unused.append("use_regional_compilation")
     if not plugin.compiles and unused:
-        warnings.warn(f"torch.compile settings {', '.join(unused)} are ignored: the dynamo backend "
-                      "is 'no', so nothing is compiled; set dynamo_backend='inductor' (or "
-                      "ACCEL_DYNAMO_BACKEND / accel launch --dynamo_backend) to compile",
-                      stacklevel=4)
+        warn_user(f"torch.compile settings {', '.join(unused)} are ignored: the dynamo backend "
+                  "is 'no', so nothing is compiled; set dynamo_backend='inductor' (or "
+                  "ACCEL_DYNAMO_BACKEND / accel launch --dynamo_backend) to compile")
 
 
-def _disagree(name: str, ctor: Any, env_name: str, env_value: Any, depth: int = 6) -> None:
-    # depth: frames from here up to the user's Accelerator(...) call
-    warnings.warn(f"Accelerator({name}={ctor!r}) overrides {env_name}={env_value!r} set by "
-                  f"`accel launch`; using {ctor!r}", stacklevel=depth)
+def _disagree(name: str, ctor: Any, env_name: str, env_value: Any) -> None:
+    warn_user(f"Accelerator({name}={ctor!r}) overrides {env_name}={env_value!r} set by "
+              f"`accel launch`; using {ctor!r}")
 
 
 def resolve_sync_batchnorm(ctor: bool | str | None, settings: env.EnvSettings) -> str | None:
@@ -425,7 +407,7 @@ def resolve_sync_batchnorm(ctor: bool | str | None, settings: env.EnvSettings) -
         return env_mode
     chosen = parse_mode(ctor, "Accelerator(sync_batchnorm=...)")
     if from_env is not None and env_mode != chosen:
-        _disagree("sync_batchnorm", chosen or False, "ACCEL_SYNC_BATCHNORM", from_env, depth=5)
+        _disagree("sync_batchnorm", chosen or False, "ACCEL_SYNC_BATCHNORM", from_env)
     return chosen
 
 
@@ -488,6 +470,5 @@ def _resolve_timeout(ctor: float | timedelta | None, handler: InitProcessGroupKw
     chosen = from_ctor or from_handler
     from_env = to_timedelta(settings.timeout, "ACCEL_TIMEOUT")
     if chosen is not None and from_env is not None and chosen != from_env:
-        _disagree("timeout", chosen.total_seconds(), "ACCEL_TIMEOUT", from_env.total_seconds(),
-                  depth=5)
+        _disagree("timeout", chosen.total_seconds(), "ACCEL_TIMEOUT", from_env.total_seconds())
     return chosen or from_env

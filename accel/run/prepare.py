@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._base.warn import warn_user
 from ..config.settings import DataLoaderConfiguration
-from ..data import PreparedDataLoader, prepare_data_loader
+from ..data import PreparedDataLoader, build_prepared_loader
 from ..distributed import Communicator
 from ..distributed.batchnorm import BatchNormSync
 from ..precision import Precision
@@ -90,7 +90,7 @@ def _both(first: Callable[[], None] | None, second: Callable[[], None] | None
     return both
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Preparer:
     """Prepares objects for one Accelerator and records them in ``run``."""
 
@@ -110,10 +110,11 @@ class Preparer:
     @classmethod
     def for_run(cls, runtime: Runtime, options: Options, run: RunState) -> Preparer:
         """The preparer of an Accelerator: its runtime's collaborators, its options, its run."""
-        return cls(runtime.comm, runtime.precision, runtime.strategy, run,
-                   options.dataloader_config, options.step_scheduler_with_optimizer,
-                   runtime.batchnorm, runtime.hardware.batch_hook(), options.dynamo_plugin,
-                   runtime.monitor.mark)
+        return cls(comm=runtime.comm, precision=runtime.precision, strategy=runtime.strategy,
+                   run=run, dataloader_config=options.dataloader_config,
+                   step_scheduler_with_optimizer=options.step_scheduler_with_optimizer,
+                   sync_batchnorm=runtime.batchnorm, after_batch=runtime.hardware.batch_hook(),
+                   dynamo=options.dynamo_plugin, progress=runtime.monitor.mark)
     #: called for every batch of every prepared loader (the collective monitor's progress mark)
     progress: Callable[[], None] | None = None
 
@@ -218,17 +219,17 @@ class Preparer:
             if self.comm.ctx.is_main_process:
                 inner = compiled_inner(model)
                 name = type(model if inner is None else inner).__name__
-                warnings.warn(f"prepare(): {name} is compiled already (torch."
-                              "compile before prepare()), so it is not compiled again with "
-                              f"dynamo backend {self.dynamo.to_dict()['backend']!r}; drop one of "
-                              "the two to silence this", stacklevel=6)
+                warn_user(f"prepare(): {name} is compiled already (torch."
+                          "compile before prepare()), so it is not compiled again with "
+                          f"dynamo backend {self.dynamo.to_dict()['backend']!r}; drop one of "
+                          "the two to silence this")
             return None
         return self.dynamo
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader[Any],
                             place: bool = True) -> PreparedDataLoader:
         """Shard ``data_loader`` by rank and move its batches to the device."""
-        loader = prepare_data_loader(
+        loader = build_prepared_loader(
             data_loader, ctx=self.comm.ctx, comm=self.comm,
             device=self.device if place else None, config=self.dataloader_config,
             tracker=self.run.data, seed=self.agreed_seed(),

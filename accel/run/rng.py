@@ -111,7 +111,7 @@ def synchronize(rng_types: Iterable[str], comm: Communicator,
 
     Example:
         >>> from accel.distributed import Communicator, ProcessContext
-        >>> comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+        >>> comm = Communicator(ProcessContext.single())
         >>> synchronize(["torch"], comm)  # one process: nothing to copy
     """
     for name in [str(getattr(t, "value", t)) for t in rng_types]:  # accepts str enum members

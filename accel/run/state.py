@@ -6,7 +6,7 @@ that read or change it (preparation, the training step, the optimizer and schedu
 checkpointing) instead of each holding aliases of the same lists.
 
 Example:
-    >>> run = RunState(AccumulationState(num_steps=2))
+    >>> run = RunState(accumulation=AccumulationState(num_steps=2))
     >>> run.accumulation.num_steps, run.models, run.optimizer_steps
     (2, [], 0)
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,7 +47,7 @@ class SteppedOptimizer(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class RunState:
     """The mutable state of one run (one ``Accelerator``)."""
 
@@ -85,12 +85,17 @@ class RunState:
         # A copy goes to another process (a DataLoader worker started with spawn that captured
         # the Accelerator): what was prepared and registered belongs to this process's training
         # (a DDP model cannot even be unpickled without a process group), so the copy has none.
-        state = dict(self.__dict__)
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("models", "optimizers", "schedulers", "dataloaders", "custom"):
             state[name] = []
         state.update(prepared_ids=set(), save_hooks=OrderedDict(), load_hooks=OrderedDict(),
                      replaced={})
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # slotted: no __dict__ for pickle's default to fill with the state above
+        for name, value in state.items():
+            setattr(self, name, value)
 
     @property
     def optimizer_steps(self) -> int:
@@ -110,11 +115,14 @@ class RunState:
             device: the device kind, whose RNG state is saved per rank.
         """
         acc = self.accumulation
-        return RunSnapshot(tuple(self.models), tuple(self.optimizers), tuple(self.schedulers),
-                           tuple(self.dataloaders), tuple(self.custom), scaler, model_io, device,
-                           acc.step, acc.num_steps, acc.sync_gradients, self.optimizer_steps,
-                           self.loaded_dir, tuple(self.save_hooks.values()),
-                           tuple(self.load_hooks.values()))
+        return RunSnapshot(models=tuple(self.models), optimizers=tuple(self.optimizers),
+                           schedulers=tuple(self.schedulers), loaders=tuple(self.dataloaders),
+                           custom=tuple(self.custom), scaler=scaler, model_io=model_io,
+                           device=device, accumulation_step=acc.step,
+                           accumulation_steps=acc.num_steps, sync_gradients=acc.sync_gradients,
+                           optimizer_steps=self.optimizer_steps, loaded_dir=self.loaded_dir,
+                           save_hooks=tuple(self.save_hooks.values()),
+                           load_hooks=tuple(self.load_hooks.values()))
 
     def restored(self, path: Path, accumulation_step: int, optimizer_steps: int) -> None:
         """Record what ``load_state`` restored that the objects themselves do not hold."""

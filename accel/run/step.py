@@ -66,8 +66,7 @@ class StepController:
         even = default_even if even_batches is None else bool(even_batches)
         with contextlib.ExitStack() as stack:
             if even_batches is not None and self.strategy.joins_uneven_inputs:
-                # stacklevel 6: the user's `with` (its __enter__, this generator, enter_context)
-                stack.enter_context(override_even_batches(self.run.dataloaders, even, 6))
+                stack.enter_context(override_even_batches(self.run.dataloaders, even))
             stack.enter_context(self.strategy.join(joinables, enable=not even))
             yield
 

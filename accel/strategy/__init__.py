@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-import warnings
-
+from .._base.warn import warn_user
 from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
 from ..config.settings import DistributedDataParallelKwargs, PrecisionType
 from ..distributed import ProcessContext
@@ -55,14 +54,15 @@ def _fsdp(ctx: ProcessContext, place: bool, ddp_kwargs: DistributedDataParallelK
         # Accelerate ignores the plugin on one process; accel keeps FSDP2 on a one-device mesh
         # so the script runs the same code path and reads and writes the same checkpoints
         # (a sharded one written by N processes is resharded by DCP).
-        warnings.warn("FSDP on one process: the model is not sharded (FSDP2 on a one-device "
-                      "mesh, same checkpoint format); launch several processes to shard it "
-                      "(accel launch --num_processes N --use_fsdp script.py), or pass "
-                      "parallelism_config=ParallelismConfig(dp_shard_size=1) to run one "
-                      "process on purpose without this warning", stacklevel=6)
+        warn_user("FSDP on one process: the model is not sharded (FSDP2 on a one-device "
+                  "mesh, same checkpoint format); launch several processes to shard it "
+                  "(accel launch --num_processes N --use_fsdp script.py), or pass "
+                  "parallelism_config=ParallelismConfig(dp_shard_size=1) to run one "
+                  "process on purpose without this warning")
         parallelism = ParallelismConfig(dp_shard_size=1)
     plugin = plugin or FullyShardedDataParallelPlugin()
     if parallelism is None:  # FSDP1's FULL_SHARD asks for sharding across every rank
         parallelism = ParallelismConfig(dp_replicate_size=1 if plugin.hybrid is False else None)
     parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)  # raises if it does not fit
-    return FSDPStrategy(ctx, place, ddp_kwargs, plugin, MeshHolder(parallelism), precision)
+    return FSDPStrategy(ctx, place, ddp_kwargs, plugin, MeshHolder(parallelism=parallelism),
+                        precision)

@@ -8,17 +8,16 @@ Example:
     >>> import torch
     >>> from accel.distributed import ProcessContext
     >>> from accel.strategy import select_strategy
-    >>> ctx = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    >>> ctx = ProcessContext.single()
     >>> strategy = select_strategy(ctx)
     >>> model = strategy.wrap_model(torch.nn.Linear(2, 1))
-    >>> strategy.unwrap(model) is model, strategy.distributed_type.value
-    (True, 'NO')
+    >>> strategy.unwrap(model) is model, strategy.name, strategy.replicates_model
+    (True, 'single', True)
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
@@ -26,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config.settings import DistributedDataParallelKwargs, DistributedType
+from .._base.warn import warn_user
+from ..config.settings import DistributedDataParallelKwargs
 from ..distributed import ProcessContext
 from ..distributed.batchnorm import BatchNormSync, convert_sync_batchnorm
 from .compile import compiled_inner, rewrap_compiled
@@ -78,10 +78,10 @@ def unwrap_module(model: nn.Module, keep_torch_compile: bool = False) -> nn.Modu
         kept = rewrap_compiled(compiled, model)
         if kept is not None:
             return kept
-        warnings.warn(f"unwrap_model(keep_torch_compile=True): the regions compiled around "
-                      f"{type(compiled_inner(compiled)).__name__} cannot be kept around the "
-                      "module inside it; returning the plain module. Compile the regions of "
-                      "the module itself (accel's prepare() does)", stacklevel=3)
+        warn_user(f"unwrap_model(keep_torch_compile=True): the regions compiled around "
+                  f"{type(compiled_inner(compiled)).__name__} cannot be kept around the "
+                  "module inside it; returning the plain module. Compile the regions of "
+                  "the module itself (accel's prepare() does)")
     return model
 
 
@@ -94,8 +94,12 @@ class Strategy(ABC):
         ddp_kwargs: DDP options (``DistributedDataParallelKwargs``), used by strategies that wrap.
     """
 
-    #: short name shown in reports
+    #: short name shown in reports and warnings (``"single"``, ``"ddp"``, ``"fsdp"``, ``"xla"``);
+    #: the compatibility layer derives Accelerate's ``DistributedType`` from it
     name: str = ""
+    #: every rank holds the whole model and steps its own optimizer on it, and ``no_sync``
+    #: really keeps gradients local (what LocalSGD needs to average replicas)
+    replicates_model: bool = False
     #: the model's state lives in shards on every rank (DTensors): reading or writing it is a
     #: collective, through ``torch.distributed.checkpoint.state_dict`` for models and optimizers
     distributed_state: bool = False
@@ -108,12 +112,6 @@ class Strategy(ABC):
         self.ctx = ctx
         self.place = place
         self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
-
-    # -- identity ------------------------------------------------------------------------------
-    @property
-    @abstractmethod
-    def distributed_type(self) -> DistributedType:
-        """Accelerate's name for this kind of job (``accelerator.distributed_type``)."""
 
     def with_placement(self, place: bool) -> Strategy:
         """This strategy, placing models on the device or not (``prepare(device_placement)``)."""
@@ -179,7 +177,7 @@ class Strategy(ABC):
         """Let ranks with fewer batches shadow the others' collectives (torch ``Join``), when
         ``enable``. Strategies without it warn when distributed, as Accelerate does."""
         if self.ctx.is_distributed:
-            return no_join(self.distributed_type, stacklevel=4)
+            return no_join(self.name.upper())
         return contextlib.nullcontext()
 
     def after_backward(self) -> None:
@@ -215,12 +213,10 @@ class Strategy(ABC):
         return self.unwrap(model).load_state_dict(state, strict=strict)
 
 
-def no_join(distributed_type: DistributedType, stacklevel: int = 2
-            ) -> contextlib.AbstractContextManager[None]:
+def no_join(kind: str) -> contextlib.AbstractContextManager[None]:
     """``join_uneven_inputs`` where torch's Join does not apply (not DDP): Accelerate's warning
-    (``stacklevel`` counted from the caller of this function) and a block that changes
+    naming the kind of job (e.g. ``"FSDP"``), at the user's line, and a block that changes
     nothing."""
-    warnings.warn("joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP "
-                  f"training; with {distributed_type.value} `join_uneven_inputs` has no effect",
-                  stacklevel=stacklevel + 1)
+    warn_user("joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP "
+              f"training; with {kind} `join_uneven_inputs` has no effect")
     return contextlib.nullcontext()

@@ -8,11 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config.settings import (
-    DDPCommunicationHookType,
-    DistributedDataParallelKwargs,
-    DistributedType,
-)
+from ..config.settings import DDPCommunicationHookType, DistributedDataParallelKwargs
 from .base import Strategy, SyncSetting, strip_compile
 
 __all__ = ["DDPStrategy"]
@@ -22,11 +18,7 @@ _DDP = nn.parallel.DistributedDataParallel
 
 class DDPStrategy(Strategy):
     name = "ddp"
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return DistributedType.MULTI_GPU if self.ctx.device.type == "cuda" else \
-            DistributedType.MULTI_CPU
+    replicates_model = True
 
     def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
         model = self._convert_and_place(model, sync_batchnorm)

@@ -13,7 +13,6 @@ tensor at a time onto rank 0 (CPU); sharded ones are what the checkpoint protoco
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .._base.warn import warn_user
 from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
-from ..config.settings import DistributedDataParallelKwargs, DistributedType, PrecisionType
+from ..config.settings import DistributedDataParallelKwargs, PrecisionType
 from ..distributed import ProcessContext
 from .base import Strategy, SyncSetting, strip_compile
 from .fsdp_units import ignored_parameters, select_units
@@ -32,7 +32,7 @@ from .rank0_load import capture_full_state, distribute_from_rank0, refuse_meta_m
 __all__ = ["FSDPStrategy", "MeshHolder"]
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class MeshHolder:
     """The device mesh, built on first use and shared by the copies of one strategy
     (``with_placement`` makes copies; building a 2-D mesh is a collective)."""
@@ -73,12 +73,8 @@ class FSDPStrategy(Strategy):
                  precision: PrecisionType = PrecisionType.NO) -> None:
         super().__init__(ctx, place, ddp_kwargs)
         self.plugin = plugin or FullyShardedDataParallelPlugin()
-        self.mesh = mesh or MeshHolder(ParallelismConfig())
+        self.mesh = mesh or MeshHolder(parallelism=ParallelismConfig())
         self.precision = precision
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return DistributedType.FSDP
 
     @property
     def sharded_state(self) -> bool:  # type: ignore[override]
@@ -133,8 +129,8 @@ class FSDPStrategy(Strategy):
         units = select_units(model, self.plugin, ignored_modules)
         if self.plugin.cpu_offload and self.ctx.device.type == "cpu" and \
                 self.ctx.is_main_process:
-            warnings.warn("cpu_offload has no effect on a CPU run: the shards are in CPU "
-                          "memory already", stacklevel=5)
+            warn_user("cpu_offload has no effect on a CPU run: the shards are in CPU "
+                      "memory already")
         if self.plugin.activation_checkpointing:
             from torch.distributed._composable.checkpoint_activation import checkpoint
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import inspect
 import re
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
 
+from .._base.warn import warn_user
 from ..config.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = ["ignored_parameters", "select_units"]
@@ -128,9 +128,9 @@ def _shares_outside(users: dict[int, list[str]], name: str, module: nn.Module,
         outside = [u for u in users.get(id(p), []) if not u.startswith(prefix)]
         if outside:
             if policy == "transformer_based_wrap":
-                warnings.warn(f"FSDP: {name} ({type(module).__name__}) is not sharded as a unit "
-                              f"of its own: it shares a parameter with {outside[0]} (a tied "
-                              "weight), so it stays in the enclosing unit", stacklevel=6)
+                warn_user(f"FSDP: {name} ({type(module).__name__}) is not sharded as a unit "
+                          f"of its own: it shares a parameter with {outside[0]} (a tied "
+                          "weight), so it stays in the enclosing unit")
             return True
     return False
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config.settings import DistributedType
 from .base import Strategy, SyncSetting
 
 __all__ = ["SingleDeviceStrategy"]
@@ -12,10 +11,7 @@ __all__ = ["SingleDeviceStrategy"]
 
 class SingleDeviceStrategy(Strategy):
     name = "single"
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return DistributedType.NO
+    replicates_model = True
 
     def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
         return self._convert_and_place(model, sync_batchnorm)

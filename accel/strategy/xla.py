@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 
 from .._base import optional as _optional
-from ..config.settings import DistributedType
+from .._base.warn import warn_user
 from ..device.xla import mark_step
 from .base import Strategy, SyncSetting, as_batchnorm_sync
 
@@ -18,10 +16,6 @@ __all__ = ["XLAStrategy"]
 class XLAStrategy(Strategy):
     name = "xla"
 
-    @property
-    def distributed_type(self) -> DistributedType:
-        return DistributedType.XLA  # one process or many, as Accelerate reports it
-
     def wrap_model(self, model: nn.Module, sync_batchnorm: SyncSetting = False) -> nn.Module:
         return self._convert_and_place(model, sync_batchnorm)
 
@@ -29,10 +23,9 @@ class XLAStrategy(Strategy):
         """SyncBatchNorm is not offered on XLA: the layers stay as they are (one warning)."""
         if as_batchnorm_sync(sync_batchnorm) is not None and self.ctx.is_distributed and \
                 self.ctx.is_main_process:
-            warnings.warn("sync_batchnorm is not supported on XLA: BatchNorm layers are left "
-                          "as they are (each process normalises its own batch); drop "
-                          "sync_batchnorm, or train on CUDA or CPU to synchronise them",
-                          stacklevel=6)
+            warn_user("sync_batchnorm is not supported on XLA: BatchNorm layers are left "
+                      "as they are (each process normalises its own batch); drop "
+                      "sync_batchnorm, or train on CUDA or CPU to synchronise them")
         return model
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:

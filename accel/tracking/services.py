@@ -32,13 +32,13 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import warnings
 from collections.abc import Mapping
 from types import MappingProxyType, ModuleType
 from typing import Any, ClassVar
 
 from .._base.optional import check_installed, require
 from .._base.parse import parse_bool
+from .._base.warn import warn_user
 from ..env import mlflow_variables
 from .base import GeneralTracker, _to_python
 
@@ -72,8 +72,7 @@ class ServiceTracker(GeneralTracker):
         """Warn that ``key`` is not recorded, once per key (it would repeat at every step)."""
         if key not in self._dropped:
             self._dropped = self._dropped | {key}
-            warnings.warn(f"{self.name} tracker: {key!r} {why}, so it is not recorded",
-                          stacklevel=3)
+            warn_user(f"{self.name} tracker: {key!r} {why}, so it is not recorded")
 
     def _library(self) -> ModuleType:
         return require(self.package, self.extra)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
@@ -47,6 +46,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from .._base.optional import check_installed, is_available, require
+from .._base.warn import warn_user
 from ..config.settings import LoggerType
 from .base import GeneralTracker, Scalar, _scalar, _to_python, on_main_process
 from .services import SERVICES, AimTracker, CometMLTracker, MLflowTracker, WandBTracker
@@ -336,9 +336,9 @@ class TrackerSet:
     def _drop(self) -> None:
         if self.is_main and not self._warned:
             self._warned = True
-            warnings.warn("accelerator.log() before init_trackers(): the values are not "
-                          "recorded; call accelerator.init_trackers(project_name) first (this "
-                          "warning is shown once)", stacklevel=4)
+            warn_user("accelerator.log() before init_trackers(): the values are not "
+                      "recorded; call accelerator.init_trackers(project_name) first (this "
+                      "warning is shown once)")
 
     def _check_keys(self, what: str, options: Mapping[str, Any] | None) -> Mapping[str, Any]:
         unknown = sorted(set(options or {}) - set(self.names))
@@ -413,8 +413,8 @@ def _start_all(trackers: Sequence[GeneralTracker]) -> None:
             try:
                 tracker.finish()
             except Exception as cleanup:  # noqa: BLE001 - reported, and the first error raised
-                warnings.warn(f"tracker {tracker.name!r} could not be finished after another "
-                              f"tracker failed to start: {cleanup!r}", stacklevel=3)
+                warn_user(f"tracker {tracker.name!r} could not be finished after another "
+                          f"tracker failed to start: {cleanup!r}")
         raise
 
 

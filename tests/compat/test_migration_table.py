@@ -11,7 +11,7 @@ pytest.importorskip("accelerate", reason="the table lists Accelerate's names: in
                     "extra (pip install -e '.[test]')")
 
 from accel import Accelerator
-from accel.run.connector import UNSUPPORTED_ARGUMENTS
+from accel.compat.refusals import UNSUPPORTED_ARGUMENTS
 from tests.compat import migration_table
 
 
@@ -31,7 +31,7 @@ def test_every_accelerate_name_is_accepted_or_has_a_reason() -> None:
             except KeyError:
                 unexplained.append(f"{title}: {name}")
     assert not unexplained, "Accelerate names accel neither has nor explains (add them, or a " \
-        f"reason in tests/compat/migration_table.py NOT_PROVIDED): {unexplained}"
+        f"reason in accel/compat/refusals.py REFUSED): {unexplained}"
 
 
 @pytest.mark.parametrize("name", sorted(UNSUPPORTED_ARGUMENTS))

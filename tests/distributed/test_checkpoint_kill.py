@@ -220,7 +220,7 @@ def _load_latest_sharded(root: Path) -> int:
         verify(path)
     model = torch.nn.Sequential(*(torch.nn.Linear(_SHARDED_DIM, _SHARDED_DIM) for _ in range(2)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    comm = Communicator(ProcessContext.single())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "written by 2 process(es)": expected here
         loaded = load_run(comm, h.snapshot(model, opt, h.PlainIO()), None, root)

@@ -66,7 +66,7 @@ def _resume(prep: Any, comm: Any) -> tuple[bool, int]:
 
 def _sharding_worker(rank: int) -> dict[str, Any]:
     from accel.config import DataLoaderConfiguration
-    from accel.data import DataTracker, prepare_data_loader
+    from accel.data import DataTracker, build_prepared_loader
 
     # tests.spawn starts daemonic children, which may not start DataLoader workers; these
     # workers are joined by their DataLoader before this function returns. They are started
@@ -78,9 +78,9 @@ def _sharding_worker(rank: int) -> dict[str, Any]:
     tracker = DataTracker()
 
     def prep(loader: DataLoader, seed: int = 3, **cfg: Any) -> Any:
-        return prepare_data_loader(loader, ctx=ctx, comm=comm, device=torch.device("cpu"),
-                                   config=DataLoaderConfiguration(**cfg), tracker=tracker,
-                                   seed=seed)
+        return build_prepared_loader(loader, ctx=ctx, comm=comm, device=torch.device("cpu"),
+                                     config=DataLoaderConfiguration(**cfg), tracker=tracker,
+                                     seed=seed)
 
     out: dict[str, Any] = {"rank": rank, "world": ctx.world_size}
     # shuffled, with worker processes: every rank's shard of one permutation, new each epoch

@@ -86,7 +86,7 @@ def _plain_comm() -> Any:
     import torch
 
     from accel.distributed import Communicator, ProcessContext
-    return Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    return Communicator(ProcessContext.single())
 
 
 @pytest.fixture(scope="module")

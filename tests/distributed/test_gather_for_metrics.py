@@ -70,13 +70,13 @@ def _expected(n: int, bs: int, drop_last: bool, kind: str, order: list[int] | No
 
 def _exactness_worker(rank: int, count: int, seed: int) -> dict[str, Any]:
     from accel.config import DataLoaderConfiguration
-    from accel.data import DataTracker, prepare_data_loader
+    from accel.data import DataTracker, build_prepared_loader
     from accel.distributed import Communicator, ProcessContext
 
     ctx, comm, group = cpu_group()
     world = ctx.world_size
     tracker = DataTracker()
-    solo = ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    solo = ProcessContext.single()
     failures, checked, subgroups = [], 0, 0
     for combo in _combos(world, count, seed):
         n, bs, drop_last, even, split, kind, shuffle = combo
@@ -88,8 +88,8 @@ def _exactness_worker(rank: int, count: int, seed: int) -> dict[str, Any]:
             data = Indexed(n) if kind == "map" else Stream(n)
             loader = DataLoader(data, batch_size=bs, drop_last=drop_last,
                                 shuffle=shuffle and kind == "map")
-            return prepare_data_loader(loader, ctx=context, comm=communicator, device=None,
-                                       config=cfg, tracker=tracker, seed=seed)
+            return build_prepared_loader(loader, ctx=context, comm=communicator, device=None,
+                                         config=cfg, tracker=tracker, seed=seed)
 
         order = None
         if shuffle and kind == "map":

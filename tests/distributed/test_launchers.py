@@ -167,10 +167,11 @@ def test_build_context_single_process_and_node_rank() -> None:
 
     device = select_device(cpu=True)
     single = build_context(detect_launch({}), device)
-    assert single == ProcessContext(0, 0, 1, 1, 0, device.torch_device(0), "gloo", "none")
+    assert single == ProcessContext.single(device.torch_device(0))
     assert single.is_main_process and single.is_local_main_process and single.is_last_process
     assert not single.is_distributed and single.num_nodes == 1
-    info = LaunchInfo("slurm", 5, 1, 6, 2, 2, "n1", 1234)
+    info = LaunchInfo(launcher="slurm", rank=5, local_rank=1, world_size=6, local_world_size=2,
+                      node_rank=2, master_addr="n1", master_port=1234)
     ctx = build_context(info, device)
     assert (ctx.rank, ctx.local_rank, ctx.node_rank, ctx.num_nodes) == (5, 1, 2, 3)
     assert ctx.is_last_process and not ctx.is_main_process and not ctx.is_local_main_process
@@ -186,7 +187,9 @@ def test_build_context_refuses_a_group_that_contradicts_the_launcher(tmp_path: A
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
-        info = LaunchInfo("torchrun", 1, 1, 2, 2, 0, "127.0.0.1", 29500)
+        info = LaunchInfo(launcher="torchrun", rank=1, local_rank=1, world_size=2,
+                          local_world_size=2, node_rank=0, master_addr="127.0.0.1",
+                          master_port=29500)
         with pytest.raises(RuntimeError, match="rank 0 of 1 but the launcher environment "
                                                "says rank 1 of 2"):
             build_context(info, select_device(cpu=True))

@@ -33,7 +33,8 @@ Rules checked here:
 - no backend branch (``isinstance(..., DistributedDataParallel)``, ``x.type == "cuda"``)
   outside ``device/`` and ``strategy/``;
 - modules stay small (never over 600 lines) and functions at most 60 lines (DESIGN.md §3.1);
-- ``import accel`` does not import torch, and every public name resolves.
+- every public name resolves (that ``import accel`` does not import torch is checked in a fresh
+  interpreter by tests/e2e/test_architecture_imports.py).
 
 The checkers are plain functions over {module name: (path, source)} so that the failure modes
 are tested too, on small synthetic packages (see the ``test_checker_*`` tests).
@@ -44,8 +45,6 @@ from __future__ import annotations
 import ast
 import fnmatch
 import importlib
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -100,12 +99,17 @@ LAUNCH_MAY_USE = {"L0", "L1", "side"}
 #: and only lazily (inside the function that runs the command, after the arguments are parsed):
 #: ``accel convert-checkpoint`` and ``accel merge-weights`` are commands over the checkpoint
 #: storage (L4), which needs torch; ``accel estimate-memory`` builds a model on the meta device
-#: (accel.big_modeling.estimate, L6). None of them imports launch/ (no
-#: cycle), and being lazy the edges keep ``accel --help`` and every other command off torch.
+#: (accel.big_modeling.estimate, L6); ``accel launch`` reads torchelastic's restart record and
+#: the failed attempt's frames through accel.distributed.health.elastic (L2), because the probes
+#: of torch internals live together in health/, each pinned by test_pins.py against the installed
+#: torch (it runs torchelastic's agent, which imports torch anyway). None of them imports
+#: launch/ (no cycle), and being lazy the edges keep ``accel --help`` and every other command
+#: off torch.
 LAUNCH_LAZY_USES: dict[str, tuple[str, ...]] = {
     "accel/launch/cli.py": ("accel.checkpoint.convert.command",
                             "accel.checkpoint.sharded.command",
                             "accel.big_modeling.estimate"),
+    "accel/launch/torchrun.py": ("accel.distributed.health.elastic",),
 }
 #: Seams stricter than the layers: (importer pattern, forbidden target prefixes, why).
 FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
@@ -709,29 +713,7 @@ def test_checker_catches_global_statements() -> None:
     assert global_statements(modules) == ["accel/pool.py:5 global _pool"]
 
 
-# ------------------------------------------------------------------ import cost and names
-
-
-def test_import_accel_and_launch_modules_do_not_import_torch() -> None:
-    names = ["accel", *sorted(n for n in MODULES if n.startswith(("accel.launch", "accel.env"))
-                              or layer_of(MODULES[n][0]) == "L0" and n != "accel._base.tree"
-                              or n == "accel.logging")]
-    code = textwrap.dedent(f"""
-        import importlib, sys
-        for name in {names!r}:
-            importlib.import_module(name)
-            if "torch" in sys.modules:
-                print("TORCH after", name)
-                break
-        else:
-            print("no torch")
-    """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "no torch", (
-        f"{out.stdout.strip()}: `import accel` and `accel --help` must not import torch; "
-        "import it inside the functions that need it")
+# ------------------------------------------------------------------ public names
 
 
 @pytest.mark.parametrize("name", importlib.import_module("accel").__all__)

@@ -45,7 +45,7 @@ class NotConvertible(Exception):
     """A readable file whose content accel cannot carry over; the message says why."""
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class Facts:
     """What the handlers learn about the run, for the manifest."""
 
@@ -90,7 +90,8 @@ def _model(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> 
     rel = f"model_{entry.index}.safetensors"
     writer.write_tensors(rel, tensors)
     note = f"; removed torch.compile's prefix {_COMPILE_PREFIX}" if stripped else ""
-    return FileResult(entry.name, CONVERTED, rel, f"{len(tensors)} tensors{note}")
+    return FileResult(file=entry.name, status=CONVERTED, written_as=rel,
+                      detail=f"{len(tensors)} tensors{note}")
 
 
 def _steps(state: Mapping[Any, Any]) -> int | None:
@@ -109,23 +110,25 @@ def _optimizer(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts)
     writer.write_state(stem, state)  # last: a file is queued only for a converted entry
     if steps is not None:
         facts.optimizer_steps = max(facts.optimizer_steps, steps)
-    return FileResult(entry.name, CONVERTED, stem,
-                      f"{len(state['state'])} parameter state(s), {len(state['param_groups'])} "
-                      "group(s)" + (f", step {steps}" if steps is not None else ""))
+    return FileResult(file=entry.name, status=CONVERTED, written_as=stem,
+                      detail=f"{len(state['state'])} parameter state(s), "
+                      f"{len(state['param_groups'])} group(s)"
+                      + (f", step {steps}" if steps is not None else ""))
 
 
 def _scheduler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
     state = _mapping(read_pickled(path), "a scheduler state dict")
     stem = f"scheduler_{entry.index}"
     writer.write_state(stem, state)
-    return FileResult(entry.name, CONVERTED, stem, f"last_epoch {state.get('last_epoch', '?')}")
+    return FileResult(file=entry.name, status=CONVERTED, written_as=stem,
+                      detail=f"last_epoch {state.get('last_epoch', '?')}")
 
 
 def _scaler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
     state = _mapping(read_pickled(path), "a GradScaler state dict")
     writer.write_state("scaler", state)
-    return FileResult(entry.name, CONVERTED, "scaler",
-                      f"scale {state.get('scale', '?')} (used when the run has fp16 mixed "
+    return FileResult(file=entry.name, status=CONVERTED, written_as="scaler",
+                      detail=f"scale {state.get('scale', '?')} (used when the run has fp16 mixed "
                       "precision)")
 
 
@@ -134,8 +137,8 @@ def _custom(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) ->
     stem = f"custom_{entry.index}"
     writer.write_state(stem, state)
     what = f"{len(state)} key(s)" if isinstance(state, Mapping) else type(state).__name__
-    return FileResult(entry.name, CONVERTED, stem,
-                      f"registered object {entry.index}'s state ({what})")
+    return FileResult(file=entry.name, status=CONVERTED, written_as=stem,
+                      detail=f"registered object {entry.index}'s state ({what})")
 
 
 def _check_generators(state: dict[str, Any]) -> None:
@@ -185,8 +188,8 @@ def _rng(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> Fi
         facts.accelerate_step = raw["step"]
     dropped = sorted(str(k) for k in raw if k not in _RNG_KNOWN)
     note = f"; dropped {', '.join(dropped)} (devices accel does not run on)" if dropped else ""
-    return FileResult(entry.name, CONVERTED, stem,
-                      f"rank {entry.index}: python, numpy, torch{device_note}{note}")
+    return FileResult(file=entry.name, status=CONVERTED, written_as=stem,
+                      detail=f"rank {entry.index}: python, numpy, torch{device_note}{note}")
 
 
 def _sampler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:

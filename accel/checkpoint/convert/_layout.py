@@ -44,7 +44,7 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Entry:
     """A top-level file or directory of the Accelerate checkpoint."""
 
@@ -57,8 +57,9 @@ def _classify(name: str, is_dir: bool) -> Entry:
     for pattern, kind in _PATTERNS:
         match = pattern.fullmatch(name)
         if match and (not is_dir or kind == "fsdp"):
-            return Entry(name, kind, int(match.group(1) or 0) if match.groups() else 0)
-    return Entry(name, "directory" if is_dir else "unknown", 0)
+            return Entry(name=name, kind=kind,
+                         index=int(match.group(1) or 0) if match.groups() else 0)
+    return Entry(name=name, kind="directory" if is_dir else "unknown", index=0)
 
 
 def classify(names: Iterable[str], directories: Iterable[str] = ()) -> list[Entry]:

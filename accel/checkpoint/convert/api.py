@@ -64,26 +64,27 @@ def _convert_one(writer: CheckpointWriter, source: Path, entry: Entry, facts: Fa
                  taken: set[tuple[str, int]]) -> FileResult:
     key = (entry.kind, entry.index)
     if entry.kind == "model" and key in taken:
-        return FileResult(entry.name, SKIPPED, None, f"a second file for model {entry.index} "
+        return FileResult(file=entry.name, status=SKIPPED, written_as=None,
+                          detail=f"a second file for model {entry.index} "
                           f"(model_{entry.index}.safetensors was written from the other); "
                           "not read")
     taken.add(key)
     try:
         return convert_entry(writer, source, entry, facts)
     except (Unreadable, NotConvertible) as exc:
-        return FileResult(entry.name, SKIPPED, None, str(exc))
+        return FileResult(file=entry.name, status=SKIPPED, written_as=None, detail=str(exc))
     except TypeError as exc:  # the codec: a value that cannot be stored without pickle
-        return FileResult(entry.name, SKIPPED, None, str(exc))
+        return FileResult(file=entry.name, status=SKIPPED, written_as=None, detail=str(exc))
     except (ValueError, RuntimeError, KeyError, IndexError, AttributeError) as exc:
         # content that loaded but is not shaped like what Accelerate writes there
-        return FileResult(entry.name, SKIPPED, None, f"cannot be converted: "
-                          f"{type(exc).__name__}: {exc}")
+        return FileResult(file=entry.name, status=SKIPPED, written_as=None,
+                          detail=f"cannot be converted: {type(exc).__name__}: {exc}")
 
 
 def _missing_ranks(entries: list[Entry], world_size: int) -> list[FileResult]:
     present = {e.index for e in entries if e.kind == "rng"}
-    return [FileResult(f"random_states_{rank}.pkl", SKIPPED, None,
-                       f"missing: rank {rank}'s RNG state was not saved here (load_state on "
+    return [FileResult(file=f"random_states_{rank}.pkl", status=SKIPPED, written_as=None,
+                       detail=f"missing: rank {rank}'s RNG state was not saved here (load_state on "
                        f"{world_size} processes then fails on rank {rank}; a job with fewer "
                        "processes does not need it)")
             for rank in range(world_size) if rank not in present]
@@ -157,8 +158,8 @@ def _write(source: Path, target: Path, entries: list[Entry], strict: bool) -> Co
         taken: set[tuple[str, int]] = set()
         results = [_convert_one(writer, source, e, facts, taken) for e in entries]
         results += _missing_ranks(entries, facts.world_size)
-        report = ConversionReport(source, None, facts.world_size, strict, results,
-                                  _meta(facts, source))
+        report = ConversionReport(source=source, output=None, world_size=facts.world_size,
+                                  strict=strict, files=results, meta=_meta(facts, source))
         if strict and report.skipped:
             raise ConversionRefused(report)
         report.output = writer.finalize(step=facts.optimizer_steps,

@@ -2,9 +2,12 @@
 
 Example:
     >>> from pathlib import Path
-    >>> report = ConversionReport(Path("acc"), Path("out"), world_size=1, strict=False, files=[
-    ...     FileResult("optimizer.bin", CONVERTED, "optimizer_0", "1 parameter group"),
-    ...     FileResult("sampler.bin", SKIPPED, None, "not convertible")])
+    >>> report = ConversionReport(source=Path("acc"), output=Path("out"), world_size=1,
+    ...     strict=False, files=[
+    ...     FileResult(file="optimizer.bin", status=CONVERTED, written_as="optimizer_0",
+    ...                detail="1 parameter group"),
+    ...     FileResult(file="sampler.bin", status=SKIPPED, written_as=None,
+    ...                detail="not convertible")])
     >>> print(report.table())
     FILE           RESULT     ACCEL FILE   DETAIL
     optimizer.bin  converted  optimizer_0  1 parameter group
@@ -27,7 +30,7 @@ CONVERTED = "converted"
 SKIPPED = "skipped"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FileResult:
     """One file (or directory) of the Accelerate checkpoint and what became of it."""
 
@@ -37,7 +40,7 @@ class FileResult:
     detail: str  # what was carried over, or why it was skipped and what to do
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class ConversionReport:
     """The outcome of :func:`~accel.checkpoint.convert_accelerate_checkpoint`.
 

@@ -9,7 +9,7 @@ Example:
     >>> import tempfile, torch
     >>> from accel.device import select_device
     >>> from accel.distributed import Communicator, ProcessContext
-    >>> comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    >>> comm = Communicator(ProcessContext.single())
     >>> class PlainIO:
     ...     def model_state_dict(self, model): return model.state_dict()
     ...     def load_model_state_dict(self, model, state, strict):

@@ -29,12 +29,12 @@ Example:
 from __future__ import annotations
 
 import socket
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..._base.warn import warn_user
 from ...distributed import Communicator
 from ...distributed.nodes import node_partition
 from ..storage import (
@@ -124,10 +124,10 @@ def _create(copy: Copy) -> CheckpointError | None:
 
 
 def _warn_blocking(comm: Communicator, asked: bool, agreed: bool) -> None:
-    if agreed != asked:  # stacklevel: here, the _plan_* helper, plan_save, save_run, facade
-        warnings.warn(f"rank {comm.ctx.rank}: save_state(blocking={asked}) differs from the "
-                      f"main process's blocking={agreed}, which every rank follows; pass the "
-                      "same value on every rank", stacklevel=6)
+    if agreed != asked:
+        warn_user(f"rank {comm.ctx.rank}: save_state(blocking={asked}) differs from the "
+                  f"main process's blocking={agreed}, which every rank follows; pass the "
+                  "same value on every rank")
 
 
 def _plan_shared(comm: Communicator, output_dir: str | Path | None, root: Path | None,

@@ -17,13 +17,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from ..._base.warn import warn_user
 from ...distributed import Communicator
 from ...run import rng
 from ..storage import (
@@ -46,12 +46,6 @@ from .snapshot import (
 )
 
 __all__ = ["load_run"]
-
-#: The stacklevel of a warning from _Loader.run that names the line calling the facade's
-#: load_state(): _Loader.warn, _Loader.run, _load_shared/_load_rank_state, _load_on_this_rank,
-#: load_run and the facade's method are the 6 frames above it.
-_RUN_DEPTH = 7
-
 
 def _check_counts(manifest: Manifest, snap: RunSnapshot, models: int) -> None:
     """Components are matched by position: the same kinds and numbers must be prepared
@@ -140,12 +134,11 @@ class _Loader:
                 raise CheckpointError(f"loading {what} from {self.path} failed: {exc}; pass "
                                       "strict=False to skip it with a warning",
                                       path=self.path / what) from exc
-            self.warn(f"skipped {what}: {exc}", depth=_RUN_DEPTH)
+            self.warn(f"skipped {what}: {exc}")
 
-    def warn(self, message: str, depth: int) -> None:
-        """Warn on this rank; ``depth`` is the number of accel frames above the user's call."""
-        warnings.warn(f"rank {self.rank}: load_state({self.path}, strict=False): {message}",
-                      stacklevel=depth)
+    def warn(self, message: str) -> None:
+        """Warn on this rank, at the user's ``load_state`` line."""
+        warn_user(f"rank {self.rank}: load_state({self.path}, strict=False): {message}")
 
     def state(self, stem: str) -> Any:
         return read_state(self.path, stem, self.manifest)
@@ -168,8 +161,7 @@ class _Loader:
                                               self.strict)
             keys = (list(result.missing_keys), list(result.unexpected_keys))
         if keys[0] or keys[1]:
-            self.warn(f"{rel}: missing keys {keys[0]}, unexpected keys {keys[1]}",
-                      depth=_RUN_DEPTH + 1)  # + self.model
+            self.warn(f"{rel}: missing keys {keys[0]}, unexpected keys {keys[1]}")
 
 
 def _identity(manifest: Manifest) -> str:
@@ -213,11 +205,11 @@ def _no_loader_positions(ld: _Loader, is_main: bool) -> bool:
     load_state leaves loaders without use_stateful_dataloader."""
     if ld.manifest.meta.get("loader_positions", True) is not False:
         return False
-    if is_main:  # stacklevel: this, _load_rank_state, _load_on_this_rank, load_run, facade
-        warnings.warn(f"checkpoint {ld.path} holds no data loader positions (it was converted "
-                      "from Accelerate's save_state): the prepared data loaders are not moved; "
-                      "skip the batches already seen with accelerator.skip_first_batches(), as "
-                      "under Accelerate", stacklevel=_RUN_DEPTH - 1)
+    if is_main:
+        warn_user(f"checkpoint {ld.path} holds no data loader positions (it was converted "
+                  "from Accelerate's save_state): the prepared data loaders are not moved; "
+                  "skip the batches already seen with accelerator.skip_first_batches(), as "
+                  "under Accelerate")
     return True
 
 
@@ -257,7 +249,7 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
     absent = _absent_ranks(ld.manifest)
     note = _rank_state_note(ld.path, saved_world, world, absent, restore) if is_main else None
     if note is not None:
-        warnings.warn(note, stacklevel=_RUN_DEPTH - 2)
+        warn_user(note)
     own = rank < saved_world and rank not in absent
     if own:  # this rank wrote RNG state: missing/corrupt is an error
         ld.run(f"rank_{rank}/rng", lambda: rng.restore(ld.state(f"rank_{rank}/rng"),

@@ -45,12 +45,12 @@ temporary directory, which no reader takes for a checkpoint.
 from __future__ import annotations
 
 import shutil
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..._base import tree as _tree
+from ..._base.warn import warn_user
 from ...distributed import Communicator
 from ...distributed.health.attendance import Attendance, Roll
 from ...run import rng
@@ -207,24 +207,24 @@ class _RankFiles:
 
 def _warn_about(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
                 total_limit: int | None) -> None:
-    """Once, on the main process; stacklevel 4 is the caller of the facade's save_state()."""
+    """Once, on the main process, at the user's save_state() line."""
     if not comm.ctx.is_main_process:
         return
     if output_dir is not None and total_limit is not None:
-        warnings.warn(f"save_state(total_limit={total_limit}) is ignored with an explicit "
-                      "output_dir: rotation applies to automatically named checkpoints "
-                      "(omit output_dir and set Accelerator(project_dir=...))", stacklevel=4)
+        warn_user(f"save_state(total_limit={total_limit}) is ignored with an explicit "
+                  "output_dir: rotation applies to automatically named checkpoints "
+                  "(omit output_dir and set Accelerator(project_dir=...))")
     if not snap.sync_gradients:
-        warnings.warn(f"save_state() in the middle of a gradient accumulation group (micro-"
-                      f"step {snap.accumulation_step} of {snap.accumulation_steps}): the "
-                      "gradients accumulated so far are not saved, so a run resumed from it is "
-                      "not exact; save after the group's optimizer.step()", stacklevel=4)
+        warn_user(f"save_state() in the middle of a gradient accumulation group (micro-"
+                  f"step {snap.accumulation_step} of {snap.accumulation_steps}): the "
+                  "gradients accumulated so far are not saved, so a run resumed from it is "
+                  "not exact; save after the group's optimizer.step()")
 
 
 def _roll_call(comm: Communicator, attendance: Attendance | None) -> Roll:
     """Whether every rank called save_state (always, without an attendance or a process group)."""
     if attendance is None or not comm.ctx.is_distributed:
-        return Roll(0, everyone=True)
+        return Roll(number=0, everyone=True)
     if comm.ctx.is_main_process:
         return attendance.convene()
     try:
@@ -239,10 +239,10 @@ def _save_alone(snap: RunSnapshot, roll: Roll, output_dir: str | Path | None, ro
     if roll.present or roll.timed_out:
         note = (f"ranks {list(roll.present)} called save_state() too, but " if roll.present
                 else "")
-        warnings.warn(f"save_state(): {note}{roll.reason}, so the main process saved the "
-                      "checkpoint alone (without the other ranks' RNG states and loader "
-                      "positions); call save_state() on every rank, or on the main process "
-                      "only", stacklevel=4)
+        warn_user(f"save_state(): {note}{roll.reason}, so the main process saved the "
+                  "checkpoint alone (without the other ranks' RNG states and loader "
+                  "positions); call save_state() on every rank, or on the main process "
+                  "only")
     target, token = pick_target(output_dir, root)
     tmp = temp_dir_for(target, token)
     records = _RankFiles(target, token, snap, 0).result()
@@ -258,10 +258,10 @@ def _follow_main(comm: Communicator, roll: Roll, attendance: Attendance) -> Path
     """Another rank, rank 0 saving alone: wait until it finished and share its outcome."""
     target, error = attendance.outcome(roll)
     if roll.late:
-        warnings.warn(f"rank {comm.ctx.rank}: save_state() was called here after the main "
-                      f"process had started saving alone (it waited for this rank and then "
-                      f"went on), so this rank's RNG states and loader positions are not in "
-                      f"{target or 'the checkpoint'}", stacklevel=4)
+        warn_user(f"rank {comm.ctx.rank}: save_state() was called here after the main "
+                  f"process had started saving alone (it waited for this rank and then "
+                  f"went on), so this rank's RNG states and loader positions are not in "
+                  f"{target or 'the checkpoint'}")
     if error is not None:
         raise CheckpointError(f"the main process could not save the checkpoint: {error}")
     return Path(target)
@@ -325,28 +325,26 @@ def _rank_files(plan: SavePlan, snap: RunSnapshot, rank: int, to_host: ToHost = 
 
 def _warn_unseen(comm: Communicator, plan: SavePlan, mines: list[int | None],
                  background: BackgroundSaves | None) -> None:
-    """The main process, once: ranks that did not see the checkpoint's directory (stacklevel:
-    here, _seal or _save_in_background, save_run, the facade's save_state, its caller)."""
+    """The main process, once: ranks that did not see the checkpoint's directory (at the
+    user's save_state line)."""
     note = unseen_note(plan, mines)
     if note is not None and comm.ctx.is_main_process and \
             (background is None or background.once("unseen")):
-        warnings.warn(note, stacklevel=5)
+        warn_user(note)
 
 
 def _warn_alone(roll: Roll, *, blocking: bool, each_node: bool,
                 background: BackgroundSaves | None) -> None:
-    """The main process saving alone: what it cannot do then (stacklevel: here, save_run, the
-    facade's save_state, its caller)."""
+    """The main process saving alone: what it cannot do then (at the user's save_state line)."""
     if not blocking and background is not None and background.once("alone"):
-        warnings.warn("save_state(blocking=False) on the main process alone (" + roll.reason
-                      + ") blocks: the background part needs every rank; call save_state() "
-                      "on every rank to save without blocking", stacklevel=4)
+        warn_user("save_state(blocking=False) on the main process alone (" + roll.reason
+                  + ") blocks: the background part needs every rank; call save_state() "
+                  "on every rank to save without blocking")
     if each_node and (background is None or background.once("each_node")):
-        warnings.warn("ProjectConfiguration(save_on_each_node=True) is not applied to this "
-                      f"save: save_state() was called on the main process only ({roll.reason}),"
-                      " so only this machine gets the checkpoint; call save_state() on every "
-                      "process so that each machine's local main process writes its copy",
-                      stacklevel=4)
+        warn_user("ProjectConfiguration(save_on_each_node=True) is not applied to this "
+                  f"save: save_state() was called on the main process only ({roll.reason}),"
+                  " so only this machine gets the checkpoint; call save_state() on every "
+                  "process so that each machine's local main process writes its copy")
 
 
 def _save_in_background(comm: Communicator, snap: RunSnapshot, plan: SavePlan,

@@ -81,7 +81,7 @@ class ModelStateIO(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunSnapshot:
     """Everything ``save_run``/``load_run`` touch, as the run holds it at the call.
 
@@ -106,7 +106,7 @@ class RunSnapshot:
     load_hooks: tuple[LoadHook, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LoadedRun:
     """What ``load_run`` restored that lives in the caller's run state (it applies these)."""
 

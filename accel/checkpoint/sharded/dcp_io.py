@@ -198,7 +198,7 @@ def _read_header(root: Path, rel: str, expected: str | None
     return entries, info, len(raw)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class _Entry:
     """Where one stored tensor's bytes lie in its (verified) file."""
 
@@ -219,7 +219,7 @@ class _Entry:
                 end - begin != math.prod(shape) * dtype.itemsize:
             raise CheckpointError(f"{what}: the header entry {entry!r} is inconsistent (dtype, "
                                   "shape and offsets disagree); the checkpoint is damaged")
-        return cls(data_start + begin, dtype, shape)
+        return cls(start=data_start + begin, dtype=dtype, shape=shape)
 
 
 def _read_exactly(fh: io.RawIOBase, offset: int, tensor: torch.Tensor, path: Path) -> None:

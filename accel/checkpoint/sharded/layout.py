@@ -46,7 +46,7 @@ class _Written(Protocol):
     headers: dict[str, str]
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class ShardedFiles:
     """The DCP files this rank wrote (for the manifest) and their header hashes."""
 

@@ -1,7 +1,7 @@
 """Checkpoint storage: atomic, pickle-free directories and safetensors files.
 
-Layer L4, but a library with no knowledge of training runs: it imports nothing from accel but
-``accel._base.version`` (L0) and knows no collectives, process groups or Accelerator. What a run saves
+Layer L4, but a library with no knowledge of training runs: it imports nothing from accel
+but ``accel._base`` (L0) and knows no collectives, process groups or Accelerator. What a run saves
 and restores, and how ranks agree on it, is :mod:`accel.checkpoint.protocol`.
 
 - :mod:`.codec`: nested state (optimizer, scheduler, RNG, …) <-> tensors + JSON structure.

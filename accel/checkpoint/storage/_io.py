@@ -43,7 +43,7 @@ _MAX_WORKERS = 8
 _RING_PIECE_MAX = 16 << 20  # larger pieces are hashed in one thread, in constant memory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FileRecord:
     """Size in bytes and sha256 hex digest of one file, as listed in a manifest.
 
@@ -260,7 +260,7 @@ class HashingWriter:
         os.fsync(self._fh.fileno())  # first: the disk flush overlaps with the hash thread
         digest = self._hasher.hexdigest()
         self._fh.close()
-        return FileRecord(self.size, digest, self._piece)
+        return FileRecord(size=self.size, sha256=digest, piece_size=self._piece)
 
     def __enter__(self) -> HashingWriter:
         return self
@@ -370,7 +370,7 @@ def hash_open(fh: io.RawIOBase, piece_size: int | None = None) -> FileRecord:
         finally:
             wait_futures(pending)
     digests.extend(job.result() for job in pending)
-    return FileRecord(size, _combine(digests), piece_size)
+    return FileRecord(size=size, sha256=_combine(digests), piece_size=piece_size)
 
 
 def _hash_sequential(fh: io.RawIOBase, piece_size: int) -> FileRecord:
@@ -386,10 +386,10 @@ def _hash_sequential(fh: io.RawIOBase, piece_size: int) -> FileRecord:
             digests.append(sha.digest())
             sha, in_piece = hashlib.sha256(), 0
     if not piece_size:
-        return FileRecord(size, sha.hexdigest())
+        return FileRecord(size=size, sha256=sha.hexdigest())
     if in_piece:
         digests.append(sha.digest())
-    return FileRecord(size, _combine(digests), piece_size)
+    return FileRecord(size=size, sha256=_combine(digests), piece_size=piece_size)
 
 
 def _fill(fh: io.RawIOBase, view: memoryview) -> int:

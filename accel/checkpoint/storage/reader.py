@@ -41,7 +41,7 @@ __all__ = ["CheckpointReader", "Manifest", "is_complete", "load_component", "loa
 _MAX_MANIFEST = 64 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Manifest:
     """The parsed ``manifest.json`` of a checkpoint directory."""
 

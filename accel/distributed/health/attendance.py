@@ -48,7 +48,7 @@ _PREFIX = "attend/"
 _POLL = (0.0005, 0.05)  # first and longest sleep between two looks at the store (seconds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Roll:
     """Who takes part in operation ``number`` (numbered by rank 0, once per store).
 
@@ -66,7 +66,7 @@ class Roll:
     waited: float = 0.0  # seconds spent finding out
 
 
-@dataclass
+@dataclass(kw_only=True, slots=True)
 class _Peer:
     nonce: str = ""  # its arrival claimed for this operation
     seen: Progress | None = None
@@ -116,7 +116,7 @@ class Attendance:
         arrived, or when one has gone past; waits only for ranks behind or level)."""
         store = self._store
         if store is None or self.world_size == 1:
-            return Roll(0, everyone=True)
+            return Roll(number=0, everyone=True)
         start = time.monotonic()
         number = store.add("count", 1)
         here = self.monitor.progress
@@ -148,8 +148,9 @@ class Attendance:
             self._done_at = self._at(here)
         else:
             self._alone.append((here, number))
-        return Roll(number, everyone, present, tuple(r for r in peers if r not in present),
-                    reason, timed_out, waited=time.monotonic() - start)
+        return Roll(number=number, everyone=everyone, present=present,
+                    absent=tuple(r for r in peers if r not in present), reason=reason,
+                    timed_out=timed_out, waited=time.monotonic() - start)
 
     def finish(self, roll: Roll, target: str, error: str | None) -> None:
         """Rank 0, after going on alone: publish the outcome (``target``, or ``error``) for the
@@ -228,7 +229,7 @@ class Attendance:
         """
         store = self._store
         if store is None or self.world_size == 1:
-            return Roll(0, everyone=True)
+            return Roll(number=0, everyone=True)
         start = time.monotonic()
         self._calls += 1
         nonce, here = f"{self.rank}n{self._calls}x{int(time.time() * 1e6)}", self.monitor.progress
@@ -239,7 +240,7 @@ class Attendance:
             roll = self._answered(store, nonce) or self._late(store, nonce, here)
             if roll is not None:
                 self._taken.add(roll.number)
-                return Roll(roll.number, roll.everyone, late=roll.late,
+                return Roll(number=roll.number, everyone=roll.everyone, late=roll.late,
                             waited=time.monotonic() - start)
             waited = time.monotonic() - start
             if waited > self.timeout:
@@ -263,7 +264,7 @@ class Attendance:
         # arrival goes first, so that its claim is never missing while it can still be read
         for used in (f"arrive/{self.rank}", f"claim/{self.rank}/{nonce}", key):
             store.delete_key(used)
-        return Roll(int(number), everyone=mode == "all")
+        return Roll(number=int(number), everyone=mode == "all")
 
     def _late(self, store: dist.Store, nonce: str, here: Progress) -> Roll | None:
         """Rank 0 already went on alone at this place (this rank came late), or went past it."""
@@ -275,7 +276,7 @@ class Attendance:
             number = int(number_s)
             if phase == "alone" and number not in self._taken:
                 if store.compare_set(f"claim/{self.rank}/{nonce}", "", "late") == b"late":
-                    return Roll(number, everyone=False, late=True)
+                    return Roll(number=number, everyone=False, late=True)
                 return None  # rank 0 claimed this arrival: its answer is on the way
             if phase == "open" or number not in self._taken:
                 return None

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 
-__all__ = ["busy_threads", "settle"]
+__all__ = ["busy_threads", "settle", "thread_state"]
 
 _TASKS = "/proc/self/task"
 
@@ -42,11 +42,22 @@ def busy_threads() -> list[int] | None:
                 stat = handle.read()
         except OSError:  # the thread ended meanwhile
             continue
-        # "pid (comm) state ...": comm may contain spaces or parentheses, so split after the
-        # last ')'
-        if stat[stat.rfind(b")") + 2: stat.rfind(b")") + 3] == b"R":
+        if thread_state(stat) == "R":
             busy.append(int(tid))
     return busy
+
+
+def thread_state(stat: bytes) -> str:
+    """The state letter of a ``/proc/<pid>/task/<tid>/stat`` line (``"R"`` running or runnable,
+    ``"S"`` sleeping, ...); tests/unit/distributed/health/test_pins.py pins it on this kernel.
+
+    Example:
+        >>> thread_state(b"12 (a) b (c) S 1 12 12 0 -1")
+        'S'
+    """
+    # "pid (comm) state ...": comm may contain spaces or parentheses, so split after the last ')'
+    end = stat.rfind(b")")
+    return stat[end + 2: end + 3].decode("ascii", "replace")
 
 
 def settle(limit: float = 0.5, quiet_samples: int = 2, interval: float = 0.001) -> bool:

@@ -73,7 +73,7 @@ def call_site(frame: FrameType | None = None) -> str:
     return "<unknown>"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Progress:
     """Where a rank is: sync points and progress marks passed, and whether it has stopped.
 
@@ -93,7 +93,7 @@ class Progress:
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         try:
             points, marks, state = text.split("|")
-            return cls(int(points), int(marks), state == "exit")
+            return cls(points=int(points), marks=int(marks), exited=state == "exit")
         except ValueError:
             return None
 
@@ -216,7 +216,7 @@ class CollectiveMonitor:
     @property
     def progress(self) -> Progress:
         """This rank's sync points and progress marks so far."""
-        return Progress(self.points, self.marks)
+        return Progress(points=self.points, marks=self.marks)
 
     @property
     def store(self) -> dist.Store | None:
@@ -402,7 +402,7 @@ class CollectiveMonitor:
                 return
         with contextlib.suppress(RuntimeError):  # the store may be gone already
             # this rank will not reach another sync point through this monitor
-            exited = Progress(self.points, self.marks, exited=True)
+            exited = Progress(points=self.points, marks=self.marks, exited=True)
             store.set(f"{_PROGRESS}{self.rank}", exited.encode())
 
     def _agree(self, store: dist.Store) -> None:
@@ -426,7 +426,8 @@ class CollectiveMonitor:
         if store.add(f"{_PREFIX}report/{seq}", 1) != 1:
             return  # another waiting rank printed this stall already
         positions = read_positions(store, self.world_size)
-        mine = Position(self.rank, seq, op, site, time.time() - (time.monotonic() - started))
+        mine = Position(rank=self.rank, seq=seq, op=op, site=site,
+                        wall=time.time() - (time.monotonic() - started))
         text = format_stall_report(mine, positions, time.time(), self.timeout, self.threshold)
         print(text, file=self._stream or sys.stderr, flush=True)
 

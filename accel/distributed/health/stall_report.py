@@ -3,8 +3,8 @@
 Pure functions (no torch, no store) so that the wording is unit-tested.
 
 Example:
-    >>> me = Position(0, 3, "barrier", "train.py:20", 100.0)
-    >>> other = Position(1, 2, "gather", "train.py:15", 99.0)
+    >>> me = Position(rank=0, seq=3, op="barrier", site="train.py:20", wall=100.0)
+    >>> other = Position(rank=1, seq=2, op="gather", site="train.py:15", wall=99.0)
     >>> text = format_stall_report(me, [me, other], now=102.0, timeout=10.0, threshold=2.0)
     >>> "rank 1" in text and "not in a collective since #2 gather at train.py:15" in text
     True
@@ -21,7 +21,7 @@ __all__ = ["Position", "format_stall_report", "rank_ranges"]
 _RULE = "=" * 72
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Position:
     """A rank's last sync point: sequence number, op, call site and wall-clock entry time."""
 
@@ -39,9 +39,9 @@ class Position:
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         seq, wall, op, site = (text.split("|", 3) + ["", "", "", ""])[:4]
         try:
-            return cls(rank, int(seq), op, site, float(wall))
+            return cls(rank=rank, seq=int(seq), op=op, site=site, wall=float(wall))
         except ValueError:
-            return cls(rank, -1, "?", text[:200], 0.0)
+            return cls(rank=rank, seq=-1, op="?", site=text[:200], wall=0.0)
 
 
 def rank_ranges(ranks: Sequence[int]) -> str:

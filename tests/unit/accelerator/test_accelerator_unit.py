@@ -189,8 +189,8 @@ def test_scheduler_steps_num_processes_times() -> None:
 
     opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    wrapped = AcceleratedScheduler(sched, [], RunState(AccumulationState()), num_processes=2,
-                                   split_batches=False)
+    wrapped = AcceleratedScheduler(sched, [], RunState(accumulation=AccumulationState()),
+                                   num_processes=2, split_batches=False)
     wrapped.step()
     assert sched.last_epoch == 2
     wrapped.split_batches = True
@@ -303,19 +303,19 @@ def test_state_debug_and_distributed_type_can_be_set_as_in_accelerate() -> None:
     from accel import AcceleratorState, DistributedType, GradientState, PartialState
     from accel.distributed.debug import consistency_check
 
+    from accel.compat.operations import COMMUNICATORS
+
     acc = Accelerator(cpu=True)
-    previous = os.environ.get("ACCEL_DEBUG")
-    try:
-        acc.state.debug = True
-        assert acc.state.debug and consistency_check in acc._rt.comm.hooks
-        assert os.environ["ACCEL_DEBUG"] == "1"  # module-level collectives follow
-        acc.state.debug = False
-        assert not acc.state.debug and consistency_check not in acc._rt.comm.hooks
-    finally:
-        if previous is None:
-            os.environ.pop("ACCEL_DEBUG", None)
-        else:
-            os.environ["ACCEL_DEBUG"] = previous
+    environment = dict(os.environ)
+    acc.state.debug = True
+    # module-level collectives (accel.utils) follow through their communicator, not os.environ
+    assert acc.state.debug and consistency_check in acc._rt.comm.hooks
+    assert consistency_check in COMMUNICATORS.current().hooks
+    assert dict(os.environ) == environment
+    acc.state.debug = False
+    assert not acc.state.debug and consistency_check not in acc._rt.comm.hooks
+    assert consistency_check not in COMMUNICATORS.current().hooks
+    assert dict(os.environ) == environment
     acc.state.distributed_type = "FSDP"
     assert acc.distributed_type is DistributedType.FSDP
     with pytest.warns(UserWarning, match="only supported for multi-GPU.*FSDP") as caught:

@@ -15,12 +15,8 @@ import torch
 from torch import nn
 
 from accel import Accelerator
-from accel.config import (
-    DistributedType,
-    GradientAccumulationPlugin,
-    PrecisionType,
-    ProjectConfiguration,
-)
+from accel.compat.distributed_type import DistributedType, distributed_type_of
+from accel.config import GradientAccumulationPlugin, PrecisionType, ProjectConfiguration
 from accel.device.mps import MPSDevice
 from accel.distributed import ProcessContext
 from accel.precision import BF16Precision, FP16Precision, NoPrecision, Precision, make_precision
@@ -31,7 +27,8 @@ from accel.strategy import DDPStrategy, SingleDeviceStrategy, Strategy, XLAStrat
 
 
 def _ctx(world: int = 1, device: str = "cpu") -> ProcessContext:
-    return ProcessContext(0, 0, world, world, 0, torch.device(device), "gloo", "none")
+    return ProcessContext(rank=0, local_rank=0, world_size=world, local_world_size=world,
+                          node_rank=0, device=torch.device(device), backend="gloo", launcher="none")
 
 
 def test_strategy_is_abstract_and_selected_in_one_place() -> None:
@@ -46,9 +43,20 @@ def test_strategy_is_abstract_and_selected_in_one_place() -> None:
     (1, "cpu", DistributedType.NO), (2, "cpu", DistributedType.MULTI_CPU),
     (2, "cuda", DistributedType.MULTI_GPU), (1, "xla", DistributedType.XLA),
     (4, "xla", DistributedType.XLA)])
-def test_distributed_type_comes_from_the_strategy(world: int, device: str,
-                                                  expected: DistributedType) -> None:
-    assert select_strategy(_ctx(world, device)).distributed_type is expected
+def test_distributed_type_is_derived_from_the_strategy_at_the_boundary(
+        world: int, device: str, expected: DistributedType) -> None:
+    strategy = select_strategy(_ctx(world, device))
+    assert distributed_type_of(strategy) is expected
+    assert not hasattr(strategy, "distributed_type")  # the engine knows no Accelerate names
+    assert strategy.replicates_model is (strategy.name in ("single", "ddp"))
+
+
+def test_an_unknown_strategy_has_no_distributed_type() -> None:
+    class Custom(SingleDeviceStrategy):
+        name = "custom"
+
+    with pytest.raises(ValueError, match="'custom' has no Accelerate DistributedType"):
+        distributed_type_of(Custom(_ctx()))
 
 
 def test_single_device_strategy_operations_are_plain_torch() -> None:
@@ -133,7 +141,7 @@ def test_run_state_is_owned_per_accelerator_and_restored_explicitly() -> None:
     a, b = Accelerator(cpu=True), Accelerator(cpu=True)
     model, opt = a.prepare(nn.Linear(2, 1), torch.optim.SGD(nn.Linear(2, 1).parameters(), 0.1))
     assert a._run.models == [model] and a._run.optimizers == [opt] and b._run.models == []
-    run = RunState(AccumulationState(num_steps=4))
+    run = RunState(accumulation=AccumulationState(num_steps=4))
     run.optimizers.append(opt)
     run.restored(Path("ckpt"), accumulation_step=3, optimizer_steps=7)
     assert (run.accumulation.step, opt.steps_taken, run.loaded_dir) == (3, 7, Path("ckpt"))

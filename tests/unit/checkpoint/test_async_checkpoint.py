@@ -1,15 +1,12 @@
 """``save_state(blocking=False)`` in one process: the snapshot is a copy taken at the call, the
 wait points (next save, load, end_training, wait_for_checkpoint, the end of the interpreter),
 errors raised at the next wait point with their cause, rotation, refusals. Multi-process runs
-and kills: tests/distributed/test_async_checkpoint.py and tests/e2e/test_async_checkpoint.py."""
+and kills: tests/distributed/test_async_checkpoint.py and tests/e2e/test_async_checkpoint.py; the
+end of the interpreter in a fresh process: tests/e2e/checkpoint/test_async_save_at_exit.py."""
 
 from __future__ import annotations
 
 import collections
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -35,8 +32,6 @@ from accel.checkpoint import (
     save_run,
 )
 from accel.distributed import Communicator, ProcessContext
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 class _Gate:
@@ -218,7 +213,7 @@ def test_sharded_dcp_state_is_refused_with_what_works(tmp_path: Path) -> None:
     from accel.checkpoint import RunSnapshot
     from accel.device import select_device
 
-    comm = Communicator(ProcessContext(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none"))
+    comm = Communicator(ProcessContext.single())
     snap = RunSnapshot(models=(nn.Linear(2, 2),), optimizers=(), schedulers=(), loaders=(),
                        custom=(), scaler=_Custom(), model_io=ShardIO(),  # type: ignore[arg-type]
                        device=select_device(cpu=True), accumulation_step=0,
@@ -247,36 +242,3 @@ def test_host_copy_shares_no_memory() -> None:
     assert copy["i"] == 4
 
 
-_EXIT_SCRIPT = """
-import sys, torch
-import accel.checkpoint.protocol.save as save_mod
-from accel import Accelerator
-from accel.checkpoint import CheckpointWriter
-if sys.argv[2] == "fail":
-    class FullDisk(CheckpointWriter):
-        def wait(self):
-            super().wait()
-            raise OSError(28, "No space left on device (injected)")
-    save_mod.CheckpointWriter = FullDisk
-acc = Accelerator(cpu=True, project_dir=sys.argv[1])
-model = acc.prepare(torch.nn.Linear(512, 512))
-print(acc.save_state(blocking=False), flush=True)
-"""
-
-
-def test_the_end_of_the_script_waits_and_reports_a_failure(tmp_path: Path) -> None:
-    """A script that ends without a wait point: the save completes before the process ends;
-    a failed one is printed with its cause and the process exits with status 1."""
-    runs = {}
-    for mode in ("ok", "fail"):
-        runs[mode] = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_EXIT_SCRIPT), str(tmp_path / mode), mode],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    ok, fail = runs["ok"], runs["fail"]
-    assert ok.returncode == 0, ok.stderr
-    assert is_complete(ok.stdout.strip())
-    assert fail.returncode == 1, fail.stderr
-    assert "No space left on device (injected)" in fail.stderr
-    assert "save_state(blocking=False)" in fail.stderr
-    assert not Path(fail.stdout.strip()).exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import shutil
 import threading
 from pathlib import Path
@@ -71,7 +70,7 @@ def test_digests_of_pieces_agree_everywhere(tmp_path: Path, small_pieces: int,
             out.write(data[start:{0: 5, 5: 1500, 1500: 1501, 1501: 4000, 4000: None}[start]])
         record = out.close()
     assert path.read_bytes() == data
-    assert record == FileRecord(len(data), _reference(data, 1000), 1000)
+    assert record == FileRecord(size=len(data), sha256=_reference(data, 1000), piece_size=1000)
     assert _io.digest_bytes(data, 1000) == record.sha256
     assert _io.hash_file(path, 1000) == record  # pieces hashed by the pool, a ring of buffers
     monkeypatch.setattr(_io, "_RING_PIECE_MAX", 10)
@@ -82,16 +81,18 @@ def test_digests_of_pieces_agree_everywhere(tmp_path: Path, small_pieces: int,
     assert _io.read_hashed(path, piece_size=0)[1] == whole == _io.hash_file(path, 0).sha256
     empty = tmp_path / "empty"
     with _io.HashingWriter(empty) as out:
-        assert out.close() == FileRecord(0, hashlib.sha256(b"").hexdigest(), 1000)
-    assert _io.hash_file(empty, 1000) == FileRecord(0, hashlib.sha256(b"").hexdigest(), 1000)
+        nothing = FileRecord(size=0, sha256=hashlib.sha256(b"").hexdigest(), piece_size=1000)
+        assert out.close() == nothing
+    assert _io.hash_file(empty, 1000) == nothing
     assert _io.read_hashed(empty)[1] == hashlib.sha256(b"").hexdigest()
 
 
 def test_records_round_trip_and_bad_piece_sizes_are_refused() -> None:
-    record = FileRecord(10, "ab" * 32, 4096)
+    record = FileRecord(size=10, sha256="ab" * 32, piece_size=4096)
     assert FileRecord.from_json(record.to_json()) == record
-    assert FileRecord.from_json({"size": 3, "sha256": "x"}) == FileRecord(3, "x", 0)
-    assert "piece_size" not in FileRecord(3, "x").to_json()
+    assert FileRecord.from_json({"size": 3, "sha256": "x"}) == FileRecord(size=3, sha256="x",
+                                                                          piece_size=0)
+    assert "piece_size" not in FileRecord(size=3, sha256="x").to_json()
     for bad in (True, -1, "4096", None):
         with pytest.raises(ValueError, match="piece_size"):
             FileRecord.from_json({"size": 3, "sha256": "x", "piece_size": bad})
@@ -218,21 +219,6 @@ def test_a_newer_format_is_refused_with_how_to_fix(tmp_path: Path) -> None:
         read_manifest(ckpt)
 
 
-def _child_saves_and_loads(root: str) -> None:
-    _io.PIECE = 1000  # several pieces: the pool is used in the child
-    ckpt = _save(Path(root) / "child")
-    assert torch.equal(load_tensors(ckpt, "model.safetensors")["weight"], _tensors()["weight"])
-
-
-def test_the_thread_pool_works_in_a_forked_child(tmp_path: Path, small_pieces: int) -> None:
-    _save(tmp_path / "parent")  # the parent read and hashed pieces on threads
-    proc = mp.get_context("fork").Process(target=_child_saves_and_loads, args=(str(tmp_path),))
-    proc.start()
-    proc.join(60)
-    assert proc.exitcode == 0  # a child that inherited a pool without threads would hang
-    verify(tmp_path / "child")
-
-
 def _io_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("accel-ckpt-io")]
 
@@ -269,7 +255,8 @@ def test_a_hashing_failure_fails_the_write_and_removes_the_file(
     with _io.HashingWriter(tmp_path / "a") as out:
         for start in range(0, len(data), 700):
             out.write(data[start:start + 700])
-        assert out.close() == FileRecord(len(data), _reference(data, 1000), 1000)
+        assert out.close() == FileRecord(size=len(data), sha256=_reference(data, 1000),
+                                         piece_size=1000)
     monkeypatch.setattr(_io._Hasher, "_consume", failing)
     with pytest.raises(RuntimeError, match="hashing failed.*simulated"):
         with _io.HashingWriter(tmp_path / "b") as out:

@@ -258,19 +258,19 @@ def test_placed_loaders_cut_the_xla_graph_after_every_batch(fake_xla: ModuleType
     from torch.utils.data import DataLoader
 
     from accel.config import DataLoaderConfiguration
-    from accel.data import DataTracker, prepare_data_loader
+    from accel.data import DataTracker, build_prepared_loader
     from accel.device.cpu import CPUDevice
     from accel.distributed import Communicator
 
     hook = XLADevice().batch_hook()
     assert hook is not None and CPUDevice().batch_hook() is None
     _info, ctx = _xla_context(world=1)
-    cpu_ctx = type(ctx)(0, 0, 1, 1, 0, torch.device("cpu"), "gloo", "none")
+    cpu_ctx = type(ctx).single()
     fake_xla.CALLS.clear()
-    loader = prepare_data_loader(DataLoader(torch.arange(6.0), batch_size=2), ctx=cpu_ctx,
-                                 comm=Communicator(cpu_ctx), device=None,
-                                 config=DataLoaderConfiguration(), tracker=DataTracker(),
-                                 seed=0, after_batch=hook)
+    loader = build_prepared_loader(DataLoader(torch.arange(6.0), batch_size=2), ctx=cpu_ctx,
+                                   comm=Communicator(cpu_ctx), device=None,
+                                   config=DataLoaderConfiguration(), tracker=DataTracker(),
+                                   seed=0, after_batch=hook)
     marks = []
     for _batch in loader:
         marks.append(sum(1 for call in _calls(fake_xla) if call in ("mark_step", "sync")))

@@ -11,7 +11,8 @@ from accel.distributed.group import _attempt_store
 from accel.env import LaunchInfo
 from tests.spawn import free_port
 
-INFO = LaunchInfo("torchrun", 0, 0, 2, 2, 0, "127.0.0.1", 0, use_agent_store=True)
+INFO = LaunchInfo(launcher="torchrun", rank=0, local_rank=0, world_size=2, local_world_size=2,
+                  node_rank=0, master_addr="127.0.0.1", master_port=0, use_agent_store=True)
 
 
 def test_a_restarted_worker_keys_the_agents_store_by_attempt() -> None:

@@ -25,7 +25,8 @@ from accel.strategy import DDPStrategy, SingleDeviceStrategy, XLAStrategy
 
 
 def _ctx(world: int = 1, rank: int = 0) -> ProcessContext:
-    return ProcessContext(rank, rank, world, world, 0, torch.device("cpu"), "gloo", "none")
+    return ProcessContext(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                          node_rank=0, device=torch.device("cpu"), backend="gloo", launcher="none")
 
 
 def _model() -> nn.Module:
@@ -129,7 +130,7 @@ def test_conversion_on_cuda_gives_torchs_class() -> None:
 
 def test_strategy_converts_with_the_resolved_group_when_distributed() -> None:
     strategy = DDPStrategy(_ctx(world=2))
-    model = strategy.convert_batchnorm(_model(), BatchNormSync("node", "node group"))
+    model = strategy.convert_batchnorm(_model(), BatchNormSync(mode="node", group="node group"))
     assert type(model[1]) is SyncBatchNorm and model[1].process_group == "node group"
     assert type(strategy.convert_batchnorm(_model(), True)[1]) is SyncBatchNorm
     assert type(strategy.convert_batchnorm(_model(), None)[1]) is nn.BatchNorm2d

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -142,7 +141,8 @@ def test_tqdm_disabled_off_main(as_rank: SetRank) -> None:
 # --- in-order turns ---------------------------------------------------------------------------
 
 def test_turns_follow_local_rank_order(tmp_path: Path) -> None:
-    first, second = _Turn(tmp_path, 0, 0.0), _Turn(tmp_path, 1, 0.0)
+    first = _Turn(directory=tmp_path, local_rank=0, timeout=0.0)
+    second = _Turn(directory=tmp_path, local_rank=1, timeout=0.0)
     assert second.wait() is False  # local rank 0 has not logged message 1 yet
     assert first.wait() is True
     first.done()
@@ -158,7 +158,7 @@ def test_waiting_rank_logs_after_its_predecessor(tmp_path: Path) -> None:
     def rank(local_rank: int, delay: float) -> None:
         for _ in range(3):
             time.sleep(delay)  # perturbation: without the turn files rank 1 would go first
-            turn = _Turn(tmp_path, local_rank, 30.0)
+            turn = _Turn(directory=tmp_path, local_rank=local_rank, timeout=30.0)
             assert turn.wait()
             order.append(local_rank)
             turn.done()
@@ -173,21 +173,21 @@ def test_waiting_rank_logs_after_its_predecessor(tmp_path: Path) -> None:
 
 
 def test_stale_turn_files_from_an_earlier_job_are_ignored(tmp_path: Path) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (tmp_path / "local-0").write_text(f"{dead.pid} 5")
-    (tmp_path / "local-1").write_text(f"{dead.pid} 5")
+    dead = 2**22 + 1  # above Linux's PID_MAX_LIMIT: never a live process (a unit test starts none)
+    (tmp_path / "local-0").write_text(f"{dead} 5")
+    (tmp_path / "local-1").write_text(f"{dead} 5")
     old = time.time() - 3600  # written before this process started: an earlier job
     os.utime(tmp_path / "local-0", (old, old))
-    turn = _Turn(tmp_path, 1, 0.0)
+    turn = _Turn(directory=tmp_path, local_rank=1, timeout=0.0)
     assert turn.wait() is False  # the stale count 5 does not let message 1 through
     assert turn.previous == 0  # own stale file ignored too
     os.utime(tmp_path / "local-0", None)  # now: a predecessor that finished and exited
-    assert _Turn(tmp_path, 1, 0.0).wait() is True
+    assert _Turn(directory=tmp_path, local_rank=1, timeout=0.0).wait() is True
 
 
 def test_in_order_timeout_warns_and_still_logs() -> None:
-    info = LaunchInfo("torchrun", 1, 1, 2, 2, 0, "127.0.0.1", 40000 + os.getpid() % 20000)
+    info = LaunchInfo(launcher="torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2,
+                      node_rank=0, master_addr="127.0.0.1", master_port=40000 + os.getpid() % 20000)
     name = f"accel.test.{uuid.uuid4().hex}"
     handler = _Records()
     logging.getLogger(name).addHandler(handler)

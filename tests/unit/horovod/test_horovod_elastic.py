@@ -235,10 +235,13 @@ def test_sampler_epochs_indices_and_padding(session: Path,
 
 
 def test_commit_directory_is_keyed_by_the_torchrun_run_id() -> None:
-    info = LaunchInfo("torchrun", 1, 1, 2, 2, 0, "127.0.0.1", 29500, run_id="abc/../x")
+    info = LaunchInfo(launcher="torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2,
+                      node_rank=0, master_addr="127.0.0.1", master_port=29500, run_id="abc/../x")
     root = commit_root(EnvSettings(elastic_dir="/data/el"), info)
     assert root == Path("/data/el/run-abc_.._x")  # no path separators from the run id
-    alone = commit_root(EnvSettings(), LaunchInfo("none", 0, 0, 1, 1, 0, "127.0.0.1", 29500))
+    alone = commit_root(EnvSettings(), LaunchInfo(
+        launcher="none", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+        master_addr="127.0.0.1", master_port=29500))
     assert alone.parent.name.startswith("accel-elastic-") and alone.name.startswith("none-")
     assert alone.name.endswith(f"-{__import__('os').getpid()}")  # private: nobody restarts it
     env = {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "job7",

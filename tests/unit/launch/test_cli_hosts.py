@@ -22,7 +22,8 @@ from tests.unit.launch.test_cli import argv, settings
 # ---------------------------------------------------------------- parsing
 def test_host_lists_parse_slots_default_one_and_ipv6() -> None:
     assert parse_hosts(" a:2, b:4 ,c,[fd00::1]:3,::1") == (
-        Host("a", 2), Host("b", 4), Host("c", 1), Host("fd00::1", 3), Host("::1", 1))
+        Host(name="a", slots=2), Host(name="b", slots=4), Host(name="c", slots=1),
+        Host(name="fd00::1", slots=3), Host(name="::1", slots=1))
     for bad, match in (("a:0", "not a positive whole number"), ("a:x", "'x'"),
                        (":2", "no host name"), (",", "lists no host"),
                        ("a:1,b,a:2", "lists a more than once")):
@@ -38,8 +39,8 @@ def test_hostfile_formats_comments_and_errors(tmp_path: Path) -> None:
                     "n3\tslots = 3\n"
                     "n4 max_slots=5\n"
                     "   \n")
-    assert read_hostfile(str(path)) == (Host("n1", 4), Host("n2", 2), Host("n3", 3),
-                                        Host("n4", 1))
+    assert read_hostfile(str(path)) == (Host(name="n1", slots=4), Host(name="n2", slots=2),
+                                        Host(name="n3", slots=3), Host(name="n4", slots=1))
     path.write_text("n1 slots=\n")
     with pytest.raises(CLIError, match=r"line 1: 'n1 slots=' has no number after slots"):
         read_hostfile(str(path))

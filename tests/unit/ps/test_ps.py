@@ -107,7 +107,7 @@ def test_contradicting_ps_flags_are_one_line_errors(flags: dict[str, object], ma
 @pytest.mark.parametrize("kind", ["hash", "range"])
 @pytest.mark.parametrize("servers", [1, 2, 3, 7])
 def test_every_row_has_exactly_one_server_and_slot(kind: str, servers: int) -> None:
-    part = Partition(20, servers, kind)
+    part = Partition(num_embeddings=20, servers=servers, kind=kind)
     ids = torch.arange(20)
     owner, local = part.owner(ids), part.local(ids)
     for s in range(servers):
@@ -115,13 +115,13 @@ def test_every_row_has_exactly_one_server_and_slot(kind: str, servers: int) -> N
         assert torch.equal(mine, part.global_ids(s)) and len(mine) == part.rows(s)
         assert torch.equal(local[owner == s], torch.arange(part.rows(s)))
     with pytest.raises(ValueError, match="'hash' or 'range'"):
-        Partition(20, 2, "modulo")
+        Partition(num_embeddings=20, servers=2, kind="modulo")
 
 
 def test_initial_rows_do_not_depend_on_the_server_count() -> None:
     full = initial_weight(70_000, 3, seed=5, scale=0.2)  # more than one generator block
     for servers in (1, 2, 3):
-        part = Partition(70_000, servers, "hash")
+        part = Partition(num_embeddings=70_000, servers=servers, kind="hash")
         for s in range(servers):
             assert torch.equal(shard_initial(part, s, 3, 5, 0.2), full[part.global_ids(s)])
     assert float(full.abs().max()) <= 0.2 and not torch.equal(full, initial_weight(70_000, 3, 6,
@@ -163,8 +163,9 @@ def test_adam_counts_steps_per_row_and_leaves_untouched_rows_alone() -> None:
 # -- server shards -----------------------------------------------------------------------------
 def _config(mode: str = "sync", workers: int = 2, name: str = "t", opt: ps.SparseOptimizer
             | None = None, partition: str = "hash") -> TableConfig:
-    return TableConfig(name, 10, 2, (opt or ps.SGD(lr=1.0)).config(), partition, mode, 3, 0.5,
-                       workers)
+    return TableConfig(name=name, num_embeddings=10, dim=2,
+                       optimizer=(opt or ps.SGD(lr=1.0)).config(), partition=partition, mode=mode,
+                       seed=3, init_scale=0.5, workers=workers)
 
 
 def test_a_sync_round_is_applied_once_every_worker_pushed_it() -> None:

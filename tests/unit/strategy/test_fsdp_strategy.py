@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from accel.config import DistributedType, PrecisionType
+from accel.config import PrecisionType
 from accel.config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
 from accel.distributed import ProcessContext
 from accel.strategy import FSDPStrategy, select_strategy
@@ -101,14 +101,16 @@ def test_ignored_modules_by_object_or_regex_and_their_errors() -> None:
 
 
 def _ctx(world: int = 2, device: str = "cpu") -> ProcessContext:
-    return ProcessContext(0, 0, world, world, 0, torch.device(device), "gloo", "torchrun")
+    return ProcessContext(rank=0, local_rank=0, world_size=world, local_world_size=world,
+                          node_rank=0, device=torch.device(device), backend="gloo",
+                          launcher="torchrun")
 
 
 def test_strategy_selection_and_its_refusals() -> None:
     plugin = FullyShardedDataParallelPlugin()
     strategy = select_strategy(_ctx(), fsdp_plugin=plugin, precision=PrecisionType.BF16)
     assert isinstance(strategy, FSDPStrategy)
-    assert strategy.distributed_type is DistributedType.FSDP
+    assert strategy.name == "fsdp" and not strategy.replicates_model
     assert (strategy.distributed_state, strategy.sharded_state) == (True, True)
     assert strategy.with_placement(False).plugin is plugin
     assert select_strategy(_ctx(), fsdp_plugin=FullyShardedDataParallelPlugin(
@@ -117,14 +119,14 @@ def test_strategy_selection_and_its_refusals() -> None:
     assert isinstance(select_strategy(_ctx(4), parallelism=ParallelismConfig(
         dp_replicate_size=2)), FSDPStrategy)
     assert select_strategy(_ctx(2), parallelism=ParallelismConfig(
-        dp_replicate_size=2)).distributed_type is DistributedType.MULTI_CPU
+        dp_replicate_size=2)).name == "ddp"
     with pytest.raises(ValueError, match="on XLA drop the plugin"):
         select_strategy(_ctx(device="xla"), fsdp_plugin=plugin)
     # one process: FSDP2 on a one-device mesh, with one warning (Accelerate runs the script)
     with pytest.warns(UserWarning, match="FSDP on one process") as caught:
         single = select_strategy(_ctx(1), fsdp_plugin=plugin)
     assert len(caught) == 1 and isinstance(single, FSDPStrategy)
-    assert single.distributed_type is DistributedType.FSDP
+    assert single.name == "fsdp"
     with pytest.raises(ValueError, match="does not fit 4 processes"):
         select_strategy(_ctx(4), fsdp_plugin=plugin,
                         parallelism=ParallelismConfig(dp_replicate_size=3))
@@ -136,7 +138,10 @@ def test_mesh_shapes_default_to_hybrid_across_nodes() -> None:
     assert ParallelismConfig(dp_shard_size=2).mesh_shape(8) == (4, 2)
     assert ParallelismConfig(dp_replicate_size=1).mesh_shape(8, 4) == (1, 8)
     # FSDP1's FULL_SHARD asks for sharding across every rank, also on several nodes
-    full = select_strategy(ProcessContext(0, 0, 8, 4, 0, torch.device("cpu"), "gloo", "torchrun"),
+    several_nodes = ProcessContext(rank=0, local_rank=0, world_size=8, local_world_size=4,
+                                   node_rank=0, device=torch.device("cpu"), backend="gloo",
+                                   launcher="torchrun")
+    full = select_strategy(several_nodes,
                            fsdp_plugin=FullyShardedDataParallelPlugin(sharding_strategy="FULL_SHARD"))
     assert isinstance(full, FSDPStrategy)
     assert full.mesh.parallelism.mesh_shape(8, 4) == (1, 8)

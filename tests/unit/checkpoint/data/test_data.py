@@ -28,7 +28,7 @@ from accel.data import (
     DataTracker,
     PreparedDataLoader,
     SeedableSampler,
-    prepare_data_loader,
+    build_prepared_loader,
     send_to_device,
     skip_first_batches,
     trim_batch,
@@ -58,7 +58,8 @@ class Stream(IterableDataset):
 
 
 def _ctx(rank: int = 0, world: int = 1) -> ProcessContext:
-    return ProcessContext(rank, rank, world, world, 0, torch.device("cpu"), "gloo", "none")
+    return ProcessContext(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
+                          node_rank=0, device=torch.device("cpu"), backend="gloo", launcher="none")
 
 
 def _prepared(loader: DataLoader, rank: int = 0, world: int = 1, seed: int = 0,
@@ -404,8 +405,8 @@ def test_tracker_nested_loops_break_and_end_flag() -> None:
     cfg = DataLoaderConfiguration()
 
     def prep(loader: DataLoader) -> PreparedDataLoader:
-        return prepare_data_loader(loader, ctx=ctx, comm=Communicator(ctx), device=None,
-                                   config=cfg, tracker=tracker, seed=0)
+        return build_prepared_loader(loader, ctx=ctx, comm=Communicator(ctx), device=None,
+                                     config=cfg, tracker=tracker, seed=0)
 
     outer = prep(DataLoader(range(4), batch_size=2))
     inner = prep(DataLoader(range(5), batch_size=2))
@@ -424,8 +425,8 @@ def test_tracker_nested_loops_break_and_end_flag() -> None:
                     ("inner", True, True)]
     assert inner.current_batch_len == 1 and inner.current_real_len == 1
     with pytest.raises(ValueError, match="another Accelerator"):
-        prepare_data_loader(outer, ctx=ctx, comm=Communicator(ctx), device=None, config=cfg,
-                            tracker=DataTracker(), seed=0)
+        build_prepared_loader(outer, ctx=ctx, comm=Communicator(ctx), device=None, config=cfg,
+                              tracker=DataTracker(), seed=0)
     with pytest.raises(TypeError, match="DataLoader"):
         prep([1, 2])  # type: ignore[arg-type]
 
@@ -516,38 +517,6 @@ def test_lengths_and_attributes() -> None:
 class _NoLen(IterableDataset):
     def __iter__(self) -> Any:
         return iter(range(3))
-
-
-def test_workers_keep_order_and_bookkeeping() -> None:
-    dl = _prepared(DataLoader(range(30), batch_size=4, num_workers=2, shuffle=True,
-                              persistent_workers=True), 1, 2, seed=9)
-    ref = _prepared(DataLoader(range(30), batch_size=4, shuffle=True), 1, 2, seed=9)
-    for _ in range(2):
-        got = [(b.tolist(), dl.current_real_len) for b in dl]
-        assert got == [(b.tolist(), ref.current_real_len) for b in ref]
-
-
-class RandomItems(torch.utils.data.Dataset):
-    """Each item draws from the worker's torch RNG (random augmentation)."""
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.rand(())
-
-
-def test_worker_seeds_follow_seed_rank_and_epoch_not_the_global_rng() -> None:
-    def draws(rank: int, seed: int = 6, epochs: int = 2) -> list[list[float]]:
-        dl = _prepared(DataLoader(RandomItems(), batch_size=2, num_workers=2), rank, 2, seed)
-        return [[x for b in dl for x in b.tolist()] for _ in range(epochs)]
-
-    before = torch.get_rng_state()
-    first = draws(0)
-    assert torch.equal(before, torch.get_rng_state())
-    torch.manual_seed(123)  # the global RNG plays no part
-    assert draws(0) == first and first[0] != first[1]
-    assert draws(1, epochs=1)[0] != first[0] and draws(0, 7, epochs=1)[0] != first[0]
 
 
 # -- join_uneven_inputs --------------------------------------------------------------------------

@@ -52,11 +52,11 @@ def _published(att: Attendance) -> None:
 
 
 def test_progress_encodes_and_compares() -> None:
-    here = Progress(3, 7)
+    here = Progress(points=3, marks=7)
     assert Progress.decode(here.encode()) == here and Progress.decode("junk") is None
-    assert Progress(4, 7).beyond(here) and Progress(3, 8).beyond(here)
-    assert Progress(1, 1, exited=True).beyond(here)
-    assert Progress(3, 7).level(here) and not Progress(3, 6).beyond(here)
+    assert Progress(points=4, marks=7).beyond(here) and Progress(points=3, marks=8).beyond(here)
+    assert Progress(points=1, marks=1, exited=True).beyond(here)
+    assert Progress(points=3, marks=7).level(here) and not Progress(points=3, marks=6).beyond(here)
 
 
 def test_every_rank_arrives_even_late(ranks: tuple[Attendance, Attendance]) -> None:

@@ -18,7 +18,7 @@ from accel.distributed.health.stall_report import Position, format_stall_report,
 
 
 def test_position_round_trip_and_garbage() -> None:
-    pos = Position(3, 12, "reduce:sum", "/a/b|c.py:7", 1700000000.25)
+    pos = Position(rank=3, seq=12, op="reduce:sum", site="/a/b|c.py:7", wall=1700000000.25)
     assert Position.decode(3, pos.encode().encode()) == pos  # '|' in the path survives
     assert Position.decode(1, b"nonsense").seq == -1
 
@@ -29,12 +29,12 @@ def test_rank_ranges() -> None:
 
 
 def test_report_folds_ranks_and_names_every_state() -> None:
-    me = Position(0, 5, "barrier", "/x/train.py:30", 100.0)
-    positions = [me, Position(1, 4, "gather", "/x/train.py:25", 99.0),
-                 Position(2, 4, "gather", "/x/train.py:25", 99.5), None,
-                 Position(4, 5, "gather", "/x/train.py:33", 101.0),
-                 Position(5, 6, "reduce:sum", "/x/train.py:40", 101.5),
-                 Position(6, 0, "start", "/x/train.py:3", 90.0)]
+    me = Position(rank=0, seq=5, op="barrier", site="/x/train.py:30", wall=100.0)
+    positions = [me, Position(rank=1, seq=4, op="gather", site="/x/train.py:25", wall=99.0),
+                 Position(rank=2, seq=4, op="gather", site="/x/train.py:25", wall=99.5), None,
+                 Position(rank=4, seq=5, op="gather", site="/x/train.py:33", wall=101.0),
+                 Position(rank=5, seq=6, op="reduce:sum", site="/x/train.py:40", wall=101.5),
+                 Position(rank=6, seq=0, op="start", site="/x/train.py:3", wall=90.0)]
     text = format_stall_report(me, positions, now=102.0, timeout=6.0, threshold=2.0)
     lines = text.splitlines()
     assert lines[1] == "accel STALL REPORT: rank 0 has waited 2.0 s in collective #5 barrier " \
@@ -50,7 +50,7 @@ def test_report_folds_ranks_and_names_every_state() -> None:
     assert ("MISMATCH at #5, ranks are in 2 different collectives: rank 0 in barrier at "
             "/x/train.py:30; rank 4 in gather at /x/train.py:33; not there: ranks 1-3,5-6 of 7"
             ) in body
-    twin = Position(1, 5, "barrier", "/x/train.py:30", 100.5)
+    twin = Position(rank=1, seq=5, op="barrier", site="/x/train.py:30", wall=100.5)
     only = format_stall_report(me, [me, twin], now=101.0, timeout=None, threshold=60)
     assert "at #5: ranks 0-1 in barrier at /x/train.py:30 (all 2 ranks arrived)" in only
     assert "no collective timeout is set" in only
@@ -182,8 +182,9 @@ def test_progress_is_published_by_the_watchdog_and_ends_with_exit(store: dist.TC
     monitor.mark()
     monitor.mark()  # a batch, a backward: counted, published by the thread (no store call here)
     deadline = time.monotonic() + 5
-    while read_progress(prefixed, [1]).get(1) != Progress(1, 2) and time.monotonic() < deadline:
+    while read_progress(prefixed, [1]).get(1) != Progress(points=1, marks=2) and \
+            time.monotonic() < deadline:
         time.sleep(0.02)
-    assert read_progress(prefixed, [1]) == {1: Progress(1, 2)}
+    assert read_progress(prefixed, [1]) == {1: Progress(points=1, marks=2)}
     monitor.close()  # end_training: this rank reaches no further sync point
-    assert read_progress(prefixed, [1, 0]) == {1: Progress(1, 2, exited=True)}
+    assert read_progress(prefixed, [1, 0]) == {1: Progress(points=1, marks=2, exited=True)}

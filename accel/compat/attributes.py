@@ -1,4 +1,4 @@
-"""Attributes of Accelerate's ``Accelerator`` that scripts read, as a mixin of the facade.
+"""Attributes of Accelerate's ``Accelerator`` that scripts read, as a mixin of the public class.
 
 They report accel's configuration in Accelerate's terms: the data-loader settings, the project
 directories, and the parallelism queries of the features accel does not have (DeepSpeed,
@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..run.connector import Options, Runtime
-
-if TYPE_CHECKING:
-    from ..compat.state import AcceleratorState
+from .state import AcceleratorState
 
 __all__ = ["AccelerateAttributes"]
 
@@ -33,7 +31,10 @@ class AccelerateAttributes:
 
     _rt: Runtime
     _options: Options
-    _state: AcceleratorState
+
+    if TYPE_CHECKING:  # the Accelerator's (this is a mixin of accel.compat.accelerator)
+        @property
+        def state(self) -> AcceleratorState: ...
 
     # -- data-loader settings (DataLoaderConfiguration) -------------------------------------------
     @property
@@ -93,7 +94,7 @@ class AccelerateAttributes:
     @property
     def data_parallel_shard_rank(self) -> int:
         """This rank's place among the ranks that shard the model (FSDP), else 0."""
-        mesh = self._state.device_mesh if self._state.is_fsdp2 else None
+        mesh = self.state.device_mesh if self.state.is_fsdp2 else None
         if mesh is None:
             return 0
         return int(mesh.get_local_rank(mesh.ndim - 1))
@@ -117,21 +118,21 @@ class AccelerateAttributes:
     # The integrations accel does not offer answer through the state, where they are declared.
     @property
     def is_fsdp2(self) -> bool:
-        return self._state.is_fsdp2
+        return self.state.is_fsdp2
 
     @property
     def deepspeed_plugin(self) -> None:
-        return self._state.deepspeed_plugin
+        return self.state.deepspeed_plugin
 
     @property
     def parallelism_config(self) -> Any:
         """The ``ParallelismConfig`` of an FSDP run (the device mesh's shape), else None."""
-        return self._state.parallelism_config
+        return self.state.parallelism_config
 
     @property
     def torch_device_mesh(self) -> Any:
         """The FSDP run's ``DeviceMesh``, else None."""
-        return self._state.device_mesh
+        return self.state.device_mesh
 
     @property
     def fp8_backend(self) -> None:

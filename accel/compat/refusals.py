@@ -1,0 +1,234 @@
+"""What accel does not provide of Accelerate's names, and what to use instead (DESIGN.md §6).
+
+- :data:`UNSUPPORTED_ARGUMENTS`: ``Accelerator(...)`` arguments accel refuses, with the fix.
+- :data:`REFUSED`: for each of Accelerate's module paths (spelled as accel's: ``accel.utils``
+  for ``accelerate.utils``; ``accel`` for the top level; ``accel.Accelerator`` for the class's
+  attributes), the names accel does not provide and why. A path under ``accel.utils`` also
+  refuses what ``accel.utils`` refuses. README's migration table is generated from these
+  reasons (``python -m tests.compat.migration_table --write``).
+- :func:`refusal`: the error for one such name. An attribute read raises
+  :class:`NotProvidedError` (an ``AttributeError``, so ``hasattr`` is False); an import
+  statement (``from accel.utils import DeepSpeedPlugin``) raises
+  :class:`NotProvidedImportError`, an ``ImportError``: Python replaces the message of an
+  ``AttributeError`` raised there by a bare "cannot import name", so the reason would be lost.
+
+This module imports neither torch nor the engine: ``accel/__init__`` consults it for names the
+package does not have, and ``import accel`` stays cheap.
+
+Example:
+    >>> import accel.utils
+    >>> hasattr(accel.utils, "DeepSpeedPlugin")
+    False
+    >>> accel.utils.DeepSpeedPlugin
+    Traceback (most recent call last):
+    ...
+    accel.compat.refusals.NotProvidedError: accel.utils.DeepSpeedPlugin is not supported: ...
+"""
+
+from __future__ import annotations
+
+import dis
+import sys
+from types import FrameType
+
+__all__ = ["REFUSED", "UNSUPPORTED_ARGUMENTS", "NotProvidedError", "NotProvidedImportError",
+           "not_provided", "refusal", "refused_reason"]
+
+#: Accelerate constructor arguments that accel does not implement, and what to do instead.
+UNSUPPORTED_ARGUMENTS = {
+    "deepspeed_plugin": "DeepSpeed is not supported; use DDP (the default)",
+    "deepspeed_plugins": "DeepSpeed is not supported; use DDP (the default)",
+    "megatron_lm_plugin": "Megatron-LM is not supported",
+    "torch_tp_plugin": "tensor parallelism is not supported",
+    "split_batches": "pass dataloader_config=DataLoaderConfiguration(split_batches=...)",
+    "dispatch_batches": "accel never dispatches batches from rank 0; drop the argument",
+    "even_batches": "pass dataloader_config=DataLoaderConfiguration(even_batches=...)",
+    "use_seedable_sampler": "pass dataloader_config=DataLoaderConfiguration(...)",
+}
+
+_FSDP = ("Accelerate's FSDP internals (accel's FSDP2 runs through `prepare()` with `fsdp_plugin=`; "
+         "`accel merge-weights` consolidates sharded checkpoints), or tensor / context "
+         "parallelism (not supported)")
+_DS = "DeepSpeed is not supported (use DDP, the default)"
+_MEGATRON = "Megatron-LM is not supported"
+_FP8 = "fp8 training and bitsandbytes / torchao quantisation are not supported"
+_LOMO = "the LOMO optimizer integration is not supported"
+_PIPPY = "pipeline-parallel inference is not supported"
+_PROFILE = "use `torch.profiler` directly"
+_LAUNCH = "internal to `accelerate launch`; `accel launch` does this itself"
+_FILES = ("Accelerate's checkpoint file names and I/O; accel checkpoints are one manifest-checked "
+          "directory (`save_state`, `accelerator.save`; `accel convert-checkpoint` reads "
+          "Accelerate's)")
+_TREE = ("Accelerate's internal nested-tensor helpers; accel's collectives take nested "
+         "structures directly")
+_INTERNAL = "Accelerate's internal utility; not part of accel's API"
+_SHARED = ("Accelerate's shared-state internals; accel's states are views of one process or "
+           "one Accelerator, with nothing shared: use `PartialState()` or `accelerator.state`")
+
+
+def _by_name(*groups: tuple[str, tuple[str, ...]]) -> dict[str, str]:
+    return {name: reason for reason, names in groups for name in names}
+
+
+#: Accelerate module path (accel's spelling) -> {name accel does not provide: why, and what to
+#: use instead}.
+REFUSED: dict[str, dict[str, str]] = {
+    "accel": _by_name(
+        (_DS, ("DeepSpeedPlugin",)),
+        (_PROFILE, ("ProfileKwargs",)),
+        (_LAUNCH, ("commands", "launchers")),
+        (_PIPPY, ("inference", "prepare_pippy")),
+        ("module path: accel has `accel.data_loader`, `accel.run.wrappers` (optimizer and "
+         "scheduler wrappers)", ("optimizer", "scheduler")),
+    ),
+    "accel.Accelerator": _by_name(
+        (_DS, ("deepspeed_ulysses_dl_adapter",)),
+        (_LOMO, ("lomo_backward",)),
+        (_PROFILE, ("profile",)),
+    ),
+    "accel.utils": _by_name(
+        (_FP8, ("AORecipeKwargs", "BnbQuantizationConfig", "CustomDtype", "FP8RecipeKwargs",
+                "MSAMPRecipeKwargs", "TERecipeKwargs", "apply_fp8_autowrap",
+                "check_cuda_fp8_capability", "contextual_fp8_autocast", "convert_model",
+                "convert_model_to_fp8_ao", "filter_first_and_last_linear_layers",
+                "has_4bit_bnb_layers", "has_ao_layers", "has_transformer_engine_layers",
+                "load_and_quantize_model", "torchao_required", "FP8BackendType")),
+        (_MEGATRON, ("AbstractTrainStep", "BertTrainStep", "GPTTrainStep",
+                     "MegatronLMDummyDataLoader", "MegatronLMDummyScheduler", "MegatronLMPlugin",
+                     "T5TrainStep", "add_model_config_to_megatron_parser",
+                     "avg_losses_across_data_parallel_group", "parse_bert_config",
+                     "parse_gpt2_config", "parse_llama_config", "parse_t5_config",
+                     "parse_glm4_moe_config")),
+        (_TREE, ("CannotPadNestedTensorWarning", "TORCH_DISTRIBUTED_OPERATION_TYPES",
+                 "TensorInformation", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32",
+                 "find_batch_size", "find_device", "get_data_structure", "honor_type",
+                 "ignorant_find_batch_size", "initialize_tensors", "is_namedtuple",
+                 "is_tensor_information", "is_torch_tensor", "listify", "merge_dicts",
+                 "pad_input_tensors", "recursive_getattr", "recursively_apply", "slice_tensors")),
+        (_LAUNCH, ("ComputeEnvironment", "PrepareForLaunch", "SageMakerDistributedType",
+                   "TORCH_LAUNCH_PARAMS", "are_libraries_initialized", "check_cuda_p2p_ib_support",
+                   "check_os_kernel", "clear_environment", "convert_dict_to_env_variables",
+                   "get_cpu_distributed_information", "get_gpu_info", "get_int_from_env",
+                   "install_xla", "is_habana_gaudi1", "is_port_in_use", "parse_choice_from_env",
+                   "parse_flag_from_env", "prepare_multi_gpu_env", "prepare_sagemager_args_inputs",
+                   "prepare_simple_launcher_cmd_env", "prepare_tpu",
+                   "purge_accelerate_environment", "set_numa_affinity", "str_to_bool",
+                   "get_free_port")),
+        (_DS, ("DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "GatheredParameters",
+               "compile_regions_deepspeed", "deepspeed_required", "prepare_deepspeed_cmd_env")),
+        ("accel's kwargs handlers are plain dataclasses with no common base", ("KwargsHandler",)),
+        (_PROFILE, ("MITA_PROFILING_AVAILABLE_PYTORCH_VERSION", "PROFILE_PATTERN_NAME",
+                    "ProfileKwargs", "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION")),
+        (_FILES, ("MODEL_NAME", "OPTIMIZER_NAME", "RNG_STATE_NAME", "SAFE_MODEL_NAME",
+                  "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_PATTERN_NAME",
+                  "SAMPLER_NAME", "SCALER_NAME", "SCHEDULER_NAME", "WEIGHTS_INDEX_NAME",
+                  "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME", "load", "save")),
+        ('rng types are the strings "torch", "cuda", "xla", "generator"', ("RNGType",)),
+        (_FSDP, ("TorchContextParallelConfig", "TorchTensorParallelConfig",
+                 "TorchTensorParallelPlugin", "compile_regions_fsdp2",
+                 "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading",
+                 "fsdp2_apply_ac", "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict",
+                 "fsdp2_prepare_model", "fsdp2_switch_optimizer_parameters",
+                 "get_fsdp2_grad_scaler", "get_model_tp_size", "load_fsdp_model",
+                 "load_fsdp_optimizer", "merge_fsdp_weights", "model_has_dtensor",
+                 "save_fsdp_model", "save_fsdp_optimizer")),
+        (_INTERNAL, ("compare_versions", "get_current_device_type", "get_pretty_name",
+                     "is_peft_model", "is_torch_version", "BaseEnum", "EnumWithContains",
+                     "get_module_class_from_name", "has_repeated_blocks", "is_repeated_blocks",
+                     "is_numpy_available", "is_torch_distributed_available")),
+        ("use `accelerator.autocast()` and `accelerator.scaler`",
+         ("get_grad_scaler", "get_mixed_precision_context_manager")),
+    ),
+    "accel.state": _by_name(
+        (_SHARED, ("SharedDict", "ThreadLocalSharedDict", "do_nothing")),
+        ("use `PartialState().initialized` (always True: a state exists once its process is "
+         "set up) or `torch.distributed.is_initialized()`", ("is_initialized",)),
+    ),
+    "accel.data_loader": _by_name(
+        ("accel's prepared loader is one class, `DataLoaderShard` (the loader `prepare()` and "
+         "`prepare_data_loader()` return); it is not built from adapters or mixins",
+         ("DataLoaderAdapter", "DataLoaderStateMixin")),
+        ("use `skip_first_batches(dataloader, num_batches)`", ("SkipDataLoader",)),
+        ("read the prepared loader's `batch_sampler` (a `BatchSamplerShard`) or `sampler`",
+         ("get_sampler",)),
+    ),
+    "accel.checkpointing": _by_name(
+        ("register the object with `accelerator.register_for_checkpointing(obj)`: "
+         "`save_state()`/`load_state()` then save and restore it (as JSON, without pickle)",
+         ("save_custom_state", "load_custom_state")),
+    ),
+    "accel.hooks": _by_name(
+        ("place or offload whole models with `dispatch_model(model, device_map=...)`, "
+         "`cpu_offload(model)` or `disk_offload(model, ...)` (accel.big_modeling)",
+         ("attach_align_device_hook", "attach_align_device_hook_on_blocks",
+          "attach_execution_device_hook")),
+        ("layer-wise casting is not supported; cast the model with `model.to(dtype)` or train "
+         "with `mixed_precision=`", ("LayerwiseCastingHook",)),
+    ),
+    "accel.tracking": _by_name(
+        ("this tracker is not built in: subclass `GeneralTracker` and pass an instance in "
+         "`Accelerator(log_with=[...])`",
+         ("ClearMLTracker", "DVCLiveTracker", "SwanLabTracker", "TrackioTracker")),
+        ("pass tracker names or `GeneralTracker` instances in `Accelerator(log_with=...)`: "
+         "accel checks them there", ("filter_trackers", "get_available_trackers",
+                                     "register_tracker_class")),
+    ),
+}
+
+
+class NotProvidedError(AttributeError):
+    """An Accelerate name accel does not provide, read as an attribute; says why and what to use
+    instead (an ``AttributeError``, so ``hasattr`` is False)."""
+
+
+class NotProvidedImportError(ImportError):
+    """An Accelerate name accel does not provide, imported with ``from path import name``; says
+    why and what to use instead."""
+
+
+def refused_reason(path: str, name: str) -> str | None:
+    """Why ``path.name`` is not provided (and the alternative), or None when it is not refused.
+
+    Example:
+        >>> refused_reason("accel.utils.dataclasses", "DeepSpeedPlugin")
+        'DeepSpeed is not supported (use DDP, the default)'
+        >>> refused_reason("accel.utils", "gather") is None
+        True
+    """
+    reason = REFUSED.get(path, {}).get(name)
+    if reason is None and path.startswith("accel.utils."):
+        reason = REFUSED["accel.utils"].get(name)
+    return reason
+
+
+def _asked_by_import() -> bool:
+    """Whether the frame that asked for the attribute runs ``from module import name``.
+
+    Frames of accel's shims and of this package (``__getattr__`` and the lookup) are skipped;
+    the first other frame is the one that wants the name.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_name == "__getattr__"
+                                 or frame.f_globals.get("__name__", "").startswith("accel.compat")):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    code, at = frame.f_code.co_code, frame.f_lasti
+    return 0 <= at < len(code) and code[at] == dis.opmap["IMPORT_FROM"]
+
+
+def not_provided(name: str, message: str) -> AttributeError | ImportError:
+    """The error to raise for a ``name`` accel does not provide where it was asked for:
+    :class:`NotProvidedImportError` in ``from ... import name``, else :class:`NotProvidedError`
+    (see the module docstring)."""
+    if _asked_by_import():
+        return NotProvidedImportError(message, name=name, path=None)
+    return NotProvidedError(message, name=name)
+
+
+def refusal(path: str, name: str, reason: str, where: str = "") -> AttributeError | ImportError:
+    """The error to raise for ``path.name``, refused for ``reason``.
+
+    ``where`` overrides how the name is shown (e.g. ``"Accelerator.profile"``).
+    """
+    return not_provided(name, f"{where or f'{path}.{name}'} is not supported: {reason}")
