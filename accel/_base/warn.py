@@ -5,9 +5,10 @@ wrong as soon as a call path changes (a helper extracted, a context manager adde
 finds the line instead: the first frame, walking up from its caller, that is neither accel's
 (a file of the package, or the ``__init__`` that ``@dataclass`` generates for one of its
 classes) nor a pass-through (``contextlib``, ``functools``, torch's ``no_grad`` decorator,
-``nn.Module.__call__``, ``python -m``, thread start-up, the import machinery). When no frame is
-the user's (a warning from accel's own CLI or from one of its threads), it points at the accel
-line that called ``warn_user``, which is then the most useful place to read.
+``nn.Module.__call__``, the hooks torch wraps around ``optimizer.step``, ``python -m``, thread
+start-up, the import machinery). When no frame is the user's (a warning from accel's own CLI or
+from one of its threads), it points at the accel line that called ``warn_user``, which is then
+the most useful place to read.
 
 Example:
     >>> import warnings
@@ -42,7 +43,8 @@ _PACKAGE = __name__.split(".")[0]
 #: Modules whose frames only pass a call through (decorators, context managers, hook dispatch,
 #: ``python -m``, thread start-up): they are neither accel's nor the user's line.
 _PASS_THROUGH = frozenset({"contextlib", "functools", "torch.utils._contextlib",
-                           "torch.nn.modules.module", "runpy", "threading",
+                           "torch.nn.modules.module", "torch.optim.optimizer",
+                           "torch.optim.lr_scheduler", "runpy", "threading",
                            "concurrent.futures.thread"})
 
 

@@ -8,7 +8,6 @@ of their own: registered objects and hooks live in the run state.
 from __future__ import annotations
 
 import os
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .._base import tree as _tree
+from .._base.warn import warn_user
 from ..checkpoint import check_registrable, load_run, save_run
 from ..checkpoint.storage import files as _ckpt_files
 from ..run.connector import Options, Runtime
@@ -129,8 +129,8 @@ class CheckpointingMixin:
             raise TypeError(f"save_state() got unsupported arguments {sorted(unsupported)}; "
                             "accel always writes safetensors + JSON")
         if not safe_serialization and self._rt.context.is_main_process:
-            warnings.warn("save_state(safe_serialization=False) is ignored: accel checkpoints "
-                          "are always safetensors + JSON (never pickle)", stacklevel=2)
+            warn_user("save_state(safe_serialization=False) is ignored: accel checkpoints "
+                      "are always safetensors + JSON (never pickle)")
         project, rt, run = self._options.project, self._rt, self._run
         if not isinstance(blocking, bool):
             raise TypeError(f"save_state(blocking=...) must be True or False, got {blocking!r}")
@@ -245,9 +245,8 @@ class CheckpointingMixin:
         strategy, main = self._rt.strategy, self._rt.context.is_main_process
         writes = self._writes_files()
         if not safe_serialization and main:
-            warnings.warn("save_model(safe_serialization=False) is ignored: accel writes "
-                          "safetensors only (pickle files can run code when loaded)",
-                          stacklevel=2)
+            warn_user("save_model(safe_serialization=False) is ignored: accel writes "
+                      "safetensors only (pickle files can run code when loaded)")
         if strategy.distributed_state:
             from ..checkpoint.sharded.consolidate import save_model_streamed  # imports DCP
 

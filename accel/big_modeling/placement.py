@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -211,8 +210,7 @@ module containing them) to device_map, or use device_map="auto"
                                     *model.named_buffers(remove_duplicate=False)]]
     unknown = [key for key in device_map if key not in known and key not in tensors]
     if unknown:
-        warnings.warn(f"device_map keys that name no module or tensor of the model: {unknown}",
-                      UserWarning, stacklevel=2)
+        warn_user(f"device_map keys that name no module or tensor of the model: {unknown}")
     unplaced = unplaced_tensors(model, device_map)
     if unplaced:
         shown = ", ".join(unplaced[:20]) + (f" and {len(unplaced) - 20} more"

@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._base.warn import warn_user
 from ..checkpoint.storage import load
 from .hooks import as_device
 from .offload import load_offloaded_weight
@@ -114,6 +114,7 @@ def clean_state_dict_for_safetensors(state_dict: MutableMapping[str, Any]) -> di
     and tensors are made contiguous. Non-tensor entries are kept as they are.
 
     Example:
+        >>> import warnings
         >>> import torch
         >>> weight = torch.ones(2)
         >>> with warnings.catch_warnings(record=True):
@@ -128,9 +129,8 @@ def clean_state_dict_for_safetensors(state_dict: MutableMapping[str, Any]) -> di
     for name in removed:
         del state_dict[name]
     if removed:
-        warnings.warn(f"removed {sorted(removed)} from the state dict: they share memory with "
-                      "another entry (tied weights). Re-tie them after loading (e.g. "
-                      "model.tie_weights()) or they keep the values they were initialised with",
-                      UserWarning, stacklevel=2)
+        warn_user(f"removed {sorted(removed)} from the state dict: they share memory with "
+                  "another entry (tied weights). Re-tie them after loading (e.g. "
+                  "model.tie_weights()) or they keep the values they were initialised with")
     return {name: value.contiguous() if isinstance(value, torch.Tensor) else value
             for name, value in state_dict.items()}

@@ -14,13 +14,13 @@ Example:
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._base.warn import warn_user
 from .placement import compute_module_sizes, get_max_layer_size
 
 __all__ = ["calculate_maximum_sizes", "check_tied_parameters_in_config",
@@ -80,9 +80,8 @@ def check_tied_parameters_on_same_device(tied_params: Sequence[Sequence[str]],
     for group in tied_params:
         devices = {name: _device_of(name, device_map) for name in group}
         if len({str(d) for d in devices.values()}) > 1:
-            warnings.warn(f"tied parameters are on different devices: {devices}; put their "
-                          "modules on one device in your device_map, or use device_map='auto'",
-                          UserWarning, stacklevel=2)
+            warn_user(f"tied parameters are on different devices: {devices}; put their "
+                      "modules on one device in your device_map, or use device_map='auto'")
 
 
 def ensure_weights_retied(param_init_fn: Callable[[nn.Module], Any], model: nn.Module,

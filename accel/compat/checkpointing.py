@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +32,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .._base.warn import warn_user
 from ..accelerator.checkpoints import CheckpointingMixin
 from ..checkpoint import ResumableLoader, RunSnapshot, Stateful, load_run, save_run
 from ..distributed import Communicator
@@ -112,9 +112,8 @@ def save_accelerator_state(
         CheckpointError: a process could not write its part (raised on every process).
     """
     if not safe_serialization:
-        warnings.warn("save_accelerator_state(safe_serialization=False) is ignored: accel writes "
-                      "tensors with safetensors and never pickles; drop the argument",
-                      stacklevel=2)
+        warn_user("save_accelerator_state(safe_serialization=False) is ignored: accel writes "
+                  "tensors with safetensors and never pickles; drop the argument")
     setup, comm = _process(process_index)
     snap = _snapshot(setup, list(model_states), optimizers, schedulers, dataloaders, scaler,
                      step)
@@ -157,9 +156,8 @@ def load_accelerator_state(
         raise TypeError(f"load_accelerator_state got {sorted(load_model_func_kwargs)}: of the "
                         "model-loading keywords accel takes only strict=")
     if load_kwargs:
-        warnings.warn(f"load_accelerator_state(load_kwargs={load_kwargs!r}) is ignored: accel "
-                      "checkpoints hold no pickle, so torch.load is never called",
-                      stacklevel=2)
+        warn_user(f"load_accelerator_state(load_kwargs={load_kwargs!r}) is ignored: accel "
+                  "checkpoints hold no pickle, so torch.load is never called")
     setup, comm = _process(process_index)
     snap = _snapshot(setup, list(models), optimizers, schedulers, dataloaders, scaler, 0)
     loaded = load_run(comm, snap, Path(input_dir), None, strict=strict)

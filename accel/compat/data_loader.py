@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .._base.warn import warn_user
 from ..config.settings import DataLoaderConfiguration
 from ..data import (
     BatchSamplerShard,
@@ -125,8 +125,8 @@ def prepare_data_loader(
             "prepare_data_loader(torch_device_mesh=...) is not supported: accel shards data "
             "over all processes (data parallel only); drop the argument")
     if slice_fn_for_dispatch is not None:
-        warnings.warn("prepare_data_loader(slice_fn_for_dispatch=...) is ignored: accel never "
-                      "dispatches batches (each rank reads its own shard)", stacklevel=2)
+        warn_user("prepare_data_loader(slice_fn_for_dispatch=...) is ignored: accel never "
+                  "dispatches batches (each rank reads its own shard)")
     config = DataLoaderConfiguration(
         split_batches=split_batches, dispatch_batches=dispatch_batches,
         even_batches=even_batches, data_seed=data_seed, non_blocking=non_blocking,

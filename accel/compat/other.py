@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from .. import env
+from .._base.warn import warn_user
 from ..config.settings import parse_mixed_precision
 from ..device import DEVICE_KINDS
 from ..precision import remove_forward_wrapper
@@ -93,7 +93,7 @@ def write_basic_config(mixed_precision: str = "no",
     path = Path(save_location).expanduser() if save_location is not None \
         else default_config_path()[0]
     if path.exists():
-        warnings.warn(f"write_basic_config: {path} already exists and was left unchanged; edit "
-                      "it with `accel config`, or pass another save_location", stacklevel=2)
+        warn_user(f"write_basic_config: {path} already exists and was left unchanged; edit "
+                  "it with `accel config`, or pass another save_location")
         return False
     return write_config(path, default_values(DEVICE_KINDS["cuda"].count(), precision))

@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -258,9 +257,9 @@ class PreparedDataLoader:
             restored = self._upcoming(self._next)
             if restored[0] == epoch:
                 return
-            warnings.warn(f"set_epoch({epoch}) drops the position restored by load_state "
-                          f"(epoch {restored[0]}, after batch {restored[1]}): the next pass is "
-                          f"epoch {epoch} from its first batch", stacklevel=2)
+            warn_user(f"set_epoch({epoch}) drops the position restored by load_state "
+                      f"(epoch {restored[0]}, after batch {restored[1]}): the next pass is "
+                      f"epoch {epoch} from its first batch")
         self._next, self._next_loaded = (epoch, 0), False
         self.epoch = epoch
 

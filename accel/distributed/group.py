@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import warnings
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TypedDict
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .._base import optional as _optional
+from .._base.warn import warn_user
 from ..device import Device
 from ..env import LaunchInfo
 from .context import ProcessContext
@@ -111,8 +111,8 @@ def start_process_group(
     if dist.is_initialized():
         existing = dist.get_backend()
         if backend is not None and backend != existing:
-            warnings.warn(f"a process group with backend {existing!r} already exists; the "
-                          f"requested backend {backend!r} is not applied", stacklevel=2)
+            warn_user(f"a process group with backend {existing!r} already exists; the "
+                      f"requested backend {backend!r} is not applied")
         return ProcessGroupHandle(False, str(existing), timeout)
     backend = backend or ctx.backend
     if backend == "xla":

@@ -22,11 +22,10 @@ Example:
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.distributed as dist
 
+from .._base.warn import warn_user
 from ._session import current
 
 __all__ = ["ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
@@ -99,9 +98,9 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     extras = current().extras
     if not extras.get(_WARNED_TIMELINE):
         extras[_WARNED_TIMELINE] = True
-        warnings.warn(f"hvd.start_timeline({file_path!r}): accel.horovod has no Horovod "
-                      "timeline; nothing is recorded. Use torch.profiler.profile() to trace "
-                      "the collectives", stacklevel=2)
+        warn_user(f"hvd.start_timeline({file_path!r}): accel.horovod has no Horovod "
+                  "timeline; nothing is recorded. Use torch.profiler.profile() to trace "
+                  "the collectives")
 
 
 def stop_timeline() -> None:

@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -101,7 +100,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._hvd_synchronized:
                 # Horovod warns and reduces again; the gradients are final already, so accel
                 # only warns (a second reduction would double them under op=Sum).
-                warnings.warn(STEP_AFTER_SYNC, stacklevel=2)
+                warn_user(STEP_AFTER_SYNC)
             else:
                 self.synchronize()
         self._hvd_synchronized = False

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..compat import paths as _paths
-
 
 def __getattr__(name: str) -> Any:
-    return _paths.resolve(__name__, name, globals())
+    from ..compat.paths import resolve  # on first use: importing the path costs nothing
+    return resolve(__name__, name, globals())
 
 
 def __dir__() -> list[str]:
-    return _paths.names(__name__)
+    from ..compat.paths import names
+    return names(__name__)
 
 
 if TYPE_CHECKING:  # pragma: no cover

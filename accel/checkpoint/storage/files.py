@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..._base.warn import warn_user
 from . import _st
 from ._io import HashingWriter, fsync_dir, new_token, read_hashed
 from .errors import CheckpointError
@@ -230,8 +230,8 @@ def save_model(model: Any, save_directory: str | Path, max_shard_size: int | str
         The file to pass around: the single weights file or the index.
     """
     if not safe_serialization:
-        warnings.warn("save_model(safe_serialization=False) is ignored: accel writes safetensors "
-                      "only (pickle files can run code when loaded)", UserWarning, stacklevel=2)
+        warn_user("save_model(safe_serialization=False) is ignored: accel writes safetensors "
+                  "only (pickle files can run code when loaded)")
     stored, aliases = _st.plan(_state_dict(model))
     sizes = {name: t.numel() * t.element_size() for name, t in stored.items()}
     writer = ModelFilesWriter(save_directory, sizes, max_shard_size, aliases, metadata)

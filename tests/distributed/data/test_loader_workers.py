@@ -1,6 +1,6 @@
 """accel.data with DataLoader worker processes (``num_workers=2``): batches and bookkeeping match
 the in-process loader, and worker seeds follow the seed, rank and epoch, not the global RNG
-(moved out of tests/unit/checkpoint/data/test_data.py, which starts no processes)."""
+(moved out of tests/unit/data/test_data.py, which starts no processes)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def _record(fn: Any, *args: Any) -> list[warnings.WarningMessage]:
 
 
 def test_the_package_directory_is_found_from_the_module_name() -> None:
-    assert warn_module._PACKAGE_DIR == str(Path(accel.__file__).parent)
+    assert str(Path(accel.__file__).parent) == warn_module._PACKAGE_DIR
     assert warn_module._PACKAGE == "accel"
 
 
@@ -155,4 +155,24 @@ def test_a_data_warning_from_a_context_manager_names_the_with_line() -> None:
         line = sys._getframe().f_lineno + 1
         with override_even_batches([loader], False):
             pass
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+
+
+def test_a_warning_from_optimizer_step_names_the_step_line() -> None:
+    """accel.horovod: torch wraps ``optimizer.step`` (profiling and LR-scheduler hooks) in
+    frames of its own; the warning passes them and names the script's ``step()`` line."""
+    import accel.horovod as hvd
+
+    hvd.init()
+    try:
+        model = torch.nn.Linear(2, 1)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        torch.optim.lr_scheduler.StepLR(opt, step_size=1)  # wraps opt.step once more
+        model(torch.ones(1, 2)).sum().backward()
+        opt.synchronize()
+        with pytest.warns(UserWarning, match="skip_synchronize") as caught:
+            line = sys._getframe().f_lineno + 1
+            opt.step()
+    finally:
+        hvd.shutdown()
     assert (caught[0].filename, caught[0].lineno) == (__file__, line)

@@ -184,7 +184,7 @@ def test_files_the_direct_path_skips_still_load_verified(tmp_path: Path,
 
 
 def test_format_1_checkpoints_still_load(tmp_path: Path) -> None:
-    """Written by accel before files were hashed in pieces (tests/unit/data)."""
+    """Written by accel before files were hashed in pieces (tests/unit/checkpoint/data)."""
     ckpt = tmp_path / "checkpoint_0"
     shutil.copytree(DATA, ckpt)
     manifest = verify(ckpt)
