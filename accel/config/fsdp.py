@@ -460,7 +460,7 @@ def plugin_from_launch(values: Mapping[str, Any], where: Callable[[str], str] = 
     if unknown:
         raise ValueError(f"unknown FSDP settings {sorted(unknown)}; expected some of "
                          f"{', '.join(LAUNCH_FSDP)}")
-    return _build(FullyShardedDataParallelPlugin, LAUNCH_FSDP, values, where)
+    return _build(FullyShardedDataParallelPlugin, fields=LAUNCH_FSDP, values=values, where=where)
 
 
 def parallelism_from_launch(values: Mapping[str, Any], where: Callable[[str], str] = str
@@ -481,10 +481,10 @@ cp_backend=None, sp_size=None, sp_backend=None, tp_handler=None, cp_handler=None
         if isinstance(value, bool) or not text.isdigit():
             raise ValueError(f"{where(name)} {value!r}: expected a positive integer")
         sizes[name] = int(text)
-    return _build(ParallelismConfig, LAUNCH_PARALLELISM, sizes, where)
+    return _build(ParallelismConfig, fields=LAUNCH_PARALLELISM, values=sizes, where=where)
 
 
-def _build(cls: Callable[..., _T], fields: Mapping[str, str], values: Mapping[str, Any],
+def _build(cls: Callable[..., _T], *, fields: Mapping[str, str], values: Mapping[str, Any],
            where: Callable[[str], str]) -> _T:
     """``cls(**values)`` under its field names; a bad value is blamed on its own setting (each
     is tried alone first, quietly), a contradiction on all of them."""

@@ -56,7 +56,7 @@ def _kind(name: str, source: str) -> type[Device]:
 
 
 def select_device(
-    device: str | None = None, cpu: bool = False, settings: EnvSettings | None = None
+    device: str | None = None, *, cpu: bool = False, settings: EnvSettings | None = None
 ) -> Device:
     """Pick the device kind for this process.
 

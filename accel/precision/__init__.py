@@ -7,7 +7,7 @@ dict. ``make_precision`` is the only place that chooses between them.
 
 Example:
     >>> import torch
-    >>> p = make_precision("bf16", torch.device("cpu"))
+    >>> p = make_precision("bf16", device=torch.device("cpu"))
     >>> with p.forward_context():
     ...     y = torch.nn.Linear(2, 2)(torch.ones(1, 2))
     >>> y.dtype
@@ -31,6 +31,7 @@ __all__ = ["BF16Precision", "FP16Precision", "NoPrecision", "Precision", "make_p
 
 def make_precision(
     mode: str | PrecisionType | None,
+    *,
     device: torch.device,
     autocast: AutocastKwargs | None = None,
     scaler_kwargs: GradScalerKwargs | None = None,

@@ -219,7 +219,7 @@ def _start_process(settings: env.EnvSettings, device: str | None, cpu: bool,
     if settings.num_threads is not None and torch.get_num_threads() != settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     info = env.detect_launch()
-    hardware = select_device(device, cpu, settings)
+    hardware = select_device(device, cpu=cpu, settings=settings)
     ctx = build_context(info, hardware)
     group = start_process_group(ctx, info, hardware, timeout, init.backend if init else None,
                                 init.init_method if init else None, single=single)
@@ -231,8 +231,9 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
     monitor = CollectiveMonitor(ctx.rank, ctx.world_size, group.store(), settings.stall_seconds,
                                 group.timeout, attempt=info.restart_count)
     comm = Communicator(ctx, [monitor, *([consistency_check] if settings.debug else [])])
-    precision = make_precision(options.precision_mode, ctx.device, options.autocast,
-                               handlers.scaler, process.hardware)
+    precision = make_precision(options.precision_mode, device=ctx.device,
+                               autocast=options.autocast, scaler_kwargs=handlers.scaler,
+                               hardware=process.hardware)
     strategy = select_strategy(ctx, options.device_placement, handlers.ddp, options.fsdp_plugin,
                                options.parallelism_config, options.precision_mode)
     attendance = Attendance(monitor, timeout=group.timeout) \

@@ -390,7 +390,7 @@ class TrackerSet:
                          "(pass it in log_with and call init_trackers first)")
 
 
-def _build(name: str, project_name: str, logging_dir: str | os.PathLike[str] | None,
+def _build(name: str, *, project_name: str, logging_dir: str | os.PathLike[str] | None,
            kwargs: Mapping[str, Any]) -> GeneralTracker:
     """Construct a built-in tracker as Accelerate does: the logging directory is the second
     argument of those that write files, and is not passed to the others."""
@@ -469,7 +469,9 @@ def init_trackers(
             if is_main or not item.main_process_only:
                 result.trackers.append(item)
         elif is_main:
-            result.trackers.append(_build(item, project_name, logging_dir, options.get(item, {})))
+            result.trackers.append(_build(item, project_name=project_name,
+                                          logging_dir=logging_dir,
+                                          kwargs=options.get(item, {})))
     _start_all(result.trackers)
     if config is not None:
         for tracker in result.trackers:

@@ -1,4 +1,4 @@
-"""Internal functions are keyword-only after the first argument (DESIGN.md §2), checked with ``ast``.
+"""Internal functions are keyword-only after the first argument (DESIGN.md §2), via ``ast``.
 
 ``save_run(comm, snap, None, None, path, None)`` cannot be read without the signature, and a
 positional boolean (``apply(fn, tree, True)``) cannot be read even with it. So an *internal*

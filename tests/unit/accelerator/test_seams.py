@@ -89,11 +89,11 @@ def test_precision_owns_its_forward_wrapper_and_its_removal() -> None:
     cpu = torch.device("cpu")
     with pytest.raises(TypeError, match="abstract"):
         Precision(cpu)  # type: ignore[abstract]
-    full = make_precision("no", cpu)
+    full = make_precision("no", device=cpu)
     model = nn.Linear(2, 2)
     assert isinstance(full, NoPrecision) and full.wrap_forward(model) is model
     assert "forward" not in model.__dict__  # nothing installed in full precision
-    bf16 = make_precision("bf16", cpu)
+    bf16 = make_precision("bf16", device=cpu)
     assert isinstance(bf16, BF16Precision)
     bf16.wrap_forward(model)
     out = model(torch.ones(1, 2))
@@ -105,8 +105,8 @@ def test_precision_owns_its_forward_wrapper_and_its_removal() -> None:
 def test_make_precision_asks_the_device_kind() -> None:
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="not supported on mps"):
-        make_precision("fp16", torch.device("mps"), hardware=MPSDevice())
-    fp16 = make_precision(PrecisionType.FP16, cpu)
+        make_precision("fp16", device=torch.device("mps"), hardware=MPSDevice())
+    fp16 = make_precision(PrecisionType.FP16, device=cpu)
     assert isinstance(fp16, FP16Precision) and fp16.scaler is not None
     with pytest.raises(ValueError, match="float32 trainable parameters"):
         fp16.check_model(nn.Linear(2, 2).half())
