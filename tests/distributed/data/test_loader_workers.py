@@ -4,29 +4,10 @@ the in-process loader, and worker seeds follow the seed, rank and epoch, not the
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.utils.data import DataLoader
 
-from accel.config import DataLoaderConfiguration
-from accel.data import DataTracker, PreparedDataLoader
-from accel.data.selection import select_source
-from accel.distributed import Communicator, ProcessContext
-
-
-def _ctx(rank: int = 0, world: int = 1) -> ProcessContext:
-    return ProcessContext(rank=rank, local_rank=rank, world_size=world, local_world_size=world,
-                          node_rank=0, device=torch.device("cpu"), backend="gloo", launcher="none")
-
-
-def _prepared(loader: DataLoader, rank: int = 0, world: int = 1, seed: int = 0,
-              **config: Any) -> PreparedDataLoader:
-    cfg = DataLoaderConfiguration(**{"use_seedable_sampler": True, **config})
-    ctx = _ctx(rank, world)
-    source = select_source(loader, ctx, cfg, seed, Communicator(_ctx()))
-    return PreparedDataLoader(loader, source, ctx=ctx, device=torch.device("cpu"), config=cfg,
-                              tracker=DataTracker(), seed=seed)
+from tests.unit.data.test_data import _prepared
 
 
 def test_workers_keep_order_and_bookkeeping() -> None:
