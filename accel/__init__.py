@@ -72,7 +72,7 @@ def __getattr__(name: str) -> Any:
 
         reason = refused_reason("accel", name)
         if reason is not None:  # one of Accelerate's names: say why not, and what instead
-            raise refusal("accel", name, reason)
+            raise refusal("accel", name=name, reason=reason)
         raise AttributeError(f"module 'accel' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # cache: later lookups skip __getattr__

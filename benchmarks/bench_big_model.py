@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(tmp)
         torch.manual_seed(0)
         model = _build(layers)
-        checkpoint = save_model(model, root / "ckpt", max_shard_size="10GB")
+        checkpoint = save_model(model, save_directory=root / "ckpt", max_shard_size="10GB")
         torch.save(model.state_dict(), root / "ckpt" / "model.pt")
         del model
         forward = _throughput(layers, checkpoint, root / "offload", args.batch, repeats)

@@ -173,5 +173,5 @@ def cpu_group() -> tuple[Any, Any, Any]:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
+    group = start_process_group(ctx, info=info, device=device)
     return ctx, Communicator(ctx), group

@@ -10,13 +10,13 @@ need another error type (``CLIError``, ``LaunchEnvironmentError``, argparse's
 caller prefixes the name itself (argparse prints "argument -n/--num_processes: ...").
 
 Example:
-    >>> parse_int("4", "num_processes", minimum=1)
+    >>> parse_int("4", name="num_processes", minimum=1)
     4
-    >>> parse_int(0, "gradient_accumulation_steps", minimum=1)
+    >>> parse_int(0, name="gradient_accumulation_steps", minimum=1)
     Traceback (most recent call last):
     ...
     ValueError: gradient_accumulation_steps must be an integer >= 1, got 0
-    >>> parse_bool("on", "debug"), parse_float("2.5", "timeout", above=0)
+    >>> parse_bool("on", name="debug"), parse_float("2.5", name="timeout", above=0)
     (True, 2.5)
 """
 
@@ -41,7 +41,7 @@ TRUE_WORDS: tuple[str, ...] = ("1", "true", "yes", "on")
 FALSE_WORDS: tuple[str, ...] = ("0", "false", "no", "off")
 
 
-def _error(name: str, expected: str, value: object, hint: str) -> ValueError:
+def _error(name: str, *, expected: str, value: object, hint: str) -> ValueError:
     subject = f"{name} must" if name else "must"
     tail = f"; {hint}" if hint else ""
     return ValueError(f"{subject} be {expected}, got {value!r}{tail}")
@@ -60,7 +60,7 @@ def _bounds(minimum: float | None, maximum: float | None, above: float | None = 
     return " " + " and ".join(parts) if parts else ""
 
 
-def parse_int(value: object, name: str, *, minimum: int | None = None,
+def parse_int(value: object, *, name: str, minimum: int | None = None,
               maximum: int | None = None, strict: bool = False, what: str = "an integer",
               hint: str = "") -> int:
     """An ``int`` within ``[minimum, maximum]``, from an int or (unless ``strict``) its text.
@@ -81,7 +81,7 @@ def parse_int(value: object, name: str, *, minimum: int | None = None,
         ValueError: "<name> must be an integer >= 1, got '-2'".
 
     Example:
-        >>> parse_int(" 8 ", "-n", minimum=1)
+        >>> parse_int(" 8 ", name="-n", minimum=1)
         8
     """
     number: int | None = None
@@ -94,11 +94,11 @@ def parse_int(value: object, name: str, *, minimum: int | None = None,
             number = None
     if number is None or (minimum is not None and number < minimum) or (
             maximum is not None and number > maximum):
-        raise _error(name, what + _bounds(minimum, maximum), value, hint)
+        raise _error(name, expected=what + _bounds(minimum, maximum), value=value, hint=hint)
     return number
 
 
-def parse_float(value: object, name: str, *, minimum: float | None = None,
+def parse_float(value: object, *, name: str, minimum: float | None = None,
                 above: float | None = None, maximum: float | None = None,
                 strict: bool = False, what: str = "a number", hint: str = "") -> float:
     """A finite ``float`` (``>= minimum``, ``> above``, ``<= maximum``) from a number or its text.
@@ -109,7 +109,7 @@ def parse_float(value: object, name: str, *, minimum: float | None = None,
         ValueError: "<name> must be a number of seconds > 0, got 'soon'".
 
     Example:
-        >>> parse_float("90", "timeout", above=0, what="a number of seconds")
+        >>> parse_float("90", name="timeout", above=0, what="a number of seconds")
         90.0
     """
     number: float | None = None
@@ -123,7 +123,7 @@ def parse_float(value: object, name: str, *, minimum: float | None = None,
     if number is None or not math.isfinite(number) or (
             minimum is not None and number < minimum) or (
             above is not None and number <= above) or (maximum is not None and number > maximum):
-        raise _error(name, what + _bounds(minimum, maximum, above), value, hint)
+        raise _error(name, expected=what + _bounds(minimum, maximum, above), value=value, hint=hint)
     return number
 
 
@@ -137,7 +137,7 @@ def is_true(text: str) -> bool:
     return text.strip().lower() in TRUE_WORDS
 
 
-def parse_bool(value: object, name: str, *, empty: bool | None = None, strict: bool = False,
+def parse_bool(value: object, *, name: str, empty: bool | None = None, strict: bool = False,
                hint: str = "") -> bool:
     """A ``bool`` from a bool or (unless ``strict``) one of ``TRUE_WORDS`` / ``FALSE_WORDS``.
 
@@ -152,7 +152,7 @@ def parse_bool(value: object, name: str, *, empty: bool | None = None, strict: b
         ValueError: "<name> must be true or false (or 1/0, yes/no, on/off), got 'maybe'".
 
     Example:
-        >>> parse_bool("No", "debug"), parse_bool("", "debug", empty=False)
+        >>> parse_bool("No", name="debug"), parse_bool("", name="debug", empty=False)
         (False, False)
     """
     if isinstance(value, bool):
@@ -163,10 +163,10 @@ def parse_bool(value: object, name: str, *, empty: bool | None = None, strict: b
             return text in TRUE_WORDS
         if not text and empty is not None:
             return empty
-    raise _error(name, "true or false (or 1/0, yes/no, on/off)", value, hint)
+    raise _error(name, expected="true or false (or 1/0, yes/no, on/off)", value=value, hint=hint)
 
 
-def parse_choice(value: object, name: str, choices: Sequence[str], *,
+def parse_choice(value: object, *, name: str, choices: Sequence[str],
                  aliases: Mapping[str, str] | None = None, what: str = "a valid choice",
                  hint: str = "") -> str:
     """One of ``choices`` (compared without case and surrounding blanks), after ``aliases``.
@@ -175,7 +175,7 @@ def parse_choice(value: object, name: str, choices: Sequence[str], *,
         ValueError: "<name>='fp8' is not <what>; expected one of no, fp16, bf16".
 
     Example:
-        >>> parse_choice("GPU", "device", ("cpu", "cuda"), aliases={"gpu": "cuda"})
+        >>> parse_choice("GPU", name="device", choices=("cpu", "cuda"), aliases={"gpu": "cuda"})
         'cuda'
     """
     key = str(value).strip().lower()
@@ -201,5 +201,6 @@ def parse_gpu_ids(value: object, name: str) -> str | None:
         return None
     items = [item.strip() for item in str(value).split(",") if item.strip()]
     if not items or not all(item.isdigit() for item in items):
-        raise _error(name, "comma-separated GPU indices such as 0,1 (or 'all')", value, "")
+        raise _error(name, expected="comma-separated GPU indices such as 0,1 (or 'all')",
+                     value=value, hint="")
     return ",".join(items)

@@ -32,7 +32,7 @@ def _rebuild_mapping(data: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
         return items
 
 
-def apply(fn: Callable[[torch.Tensor], Any], data: Any, strict: bool = False,
+def apply(fn: Callable[[torch.Tensor], Any], *, data: Any, strict: bool = False,
           other: Callable[[Any], Any] | None = None) -> Any:
     """Return ``data`` with ``fn`` applied to every tensor leaf (structure and types kept).
 
@@ -42,11 +42,12 @@ def apply(fn: Callable[[torch.Tensor], Any], data: Any, strict: bool = False,
     if isinstance(data, torch.Tensor):
         return fn(data)
     if is_namedtuple(data):
-        return type(data)(*(apply(fn, item, strict, other) for item in data))
+        return type(data)(*(apply(fn, data=item, strict=strict, other=other) for item in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(apply(fn, item, strict, other) for item in data)
+        return type(data)(apply(fn, data=item, strict=strict, other=other) for item in data)
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {k: apply(fn, v, strict, other) for k, v in data.items()})
+        return _rebuild_mapping(data, {k: apply(fn, data=v, strict=strict, other=other)
+                                       for k, v in data.items()})
     if other is not None and not strict:
         return other(data)
     if strict:
@@ -58,7 +59,7 @@ def apply(fn: Callable[[torch.Tensor], Any], data: Any, strict: bool = False,
 
 
 def flatten(
-    data: Any, strict: bool = True
+    data: Any, *, strict: bool = True
 ) -> tuple[list[torch.Tensor], Callable[[list[Any]], Any]]:
     """Collect tensor leaves in a fixed order and return a function that rebuilds the structure."""
     # The common cases (a tensor; a plain tuple or list of tensors) without walking a tree:
@@ -77,7 +78,7 @@ def flatten(
         leaves.append(tensor)
         return _Slot(len(leaves) - 1)
 
-    skeleton = apply(collect, data, strict)
+    skeleton = apply(collect, data=data, strict=strict)
 
     def rebuild(values: list[Any]) -> Any:
         return apply_indices(skeleton, values)

@@ -135,9 +135,11 @@ class CheckpointingMixin:
         if not isinstance(blocking, bool):
             raise TypeError(f"save_state(blocking=...) must be True or False, got {blocking!r}")
         run.saves.wait()  # before the snapshot: a failure of the last save raises here
-        return str(save_run(rt.comm, run.snapshot(rt.precision, rt.strategy, rt.hardware),
-                            output_dir, total_limit, project.project_dir, project.total_limit,
-                            rt.attendance, blocking=blocking, background=run.saves,
+        return str(save_run(rt.comm, snap=run.snapshot(rt.precision, rt.strategy, rt.hardware),
+                            output_dir=output_dir, total_limit=total_limit,
+                            project_dir=project.project_dir,
+                            project_total_limit=project.total_limit,
+                            attendance=rt.attendance, blocking=blocking, background=run.saves,
                             save_on_each_node=project.save_on_each_node))
 
     def wait_for_checkpoint(self) -> str | None:
@@ -188,8 +190,9 @@ class CheckpointingMixin:
         rt = self._rt
         self._run.saves.wait()  # the newest checkpoint may be the one still being written
         project = self._options.project
-        loaded = load_run(rt.comm, self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
-                          input_dir, project.project_dir, strict, missing_ok,
+        loaded = load_run(rt.comm, snap=self._run.snapshot(rt.precision, rt.strategy, rt.hardware),
+                          input_dir=input_dir, project_dir=project.project_dir, strict=strict,
+                          missing_ok=missing_ok,
                           save_on_each_node=project.save_on_each_node)
         if loaded is None:
             return None
@@ -219,7 +222,7 @@ class CheckpointingMixin:
             >>> torch.load(os.path.join(folder, "extra.pt"), weights_only=True)
             {'epoch': 3}
         """
-        _refuse_shards(obj, self._rt.strategy.distributed_state)
+        _refuse_shards(obj, sharded_models=self._rt.strategy.distributed_state)
         if not self._writes_files():
             return
         if isinstance(obj, nn.Module):
@@ -250,10 +253,12 @@ class CheckpointingMixin:
         if strategy.distributed_state:
             from ..checkpoint.sharded.consolidate import save_model_streamed  # imports DCP
 
-            save_model_streamed(strategy.state_module(model), save_directory, max_shard_size,
+            save_model_streamed(strategy.state_module(model), directory=save_directory,
+                                max_shard_size=max_shard_size,
                                 write=writes)
         elif writes:
-            _ckpt_files.save_model(self.get_state_dict(model), save_directory, max_shard_size)
+            _ckpt_files.save_model(self.get_state_dict(model), save_directory=save_directory,
+                                   max_shard_size=max_shard_size)
 
     def _writes_files(self) -> bool:
         """Whether this process writes ``save``/``save_model`` files: the main process, or
@@ -264,15 +269,15 @@ class CheckpointingMixin:
 
     def load_model(self, model: nn.Module, load_directory: str, strict: bool = True) -> Any:
         """Load weights written by ``save_model`` (or ``save``) into ``model``."""
-        return _ckpt_files.load_model(self._rt.strategy.unwrap(model), load_directory,
-                                      strict=strict)
+        return _ckpt_files.load_model(self._rt.strategy.unwrap(model),
+                                      directory=load_directory, strict=strict)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The model's full state dict (gathered by the strategy when it is sharded)."""
         return self._rt.strategy.model_state_dict(model) if unwrap else dict(model.state_dict())
 
 
-def _refuse_shards(obj: Any, sharded_models: bool) -> None:
+def _refuse_shards(obj: Any, *, sharded_models: bool) -> None:
     """``save`` writes what the main process holds; FSDP shards (DTensors) are a part of a
     tensor, and gathering them needs every rank, so they are refused with the way to do it."""
     shards: list[str] = []
@@ -280,7 +285,7 @@ def _refuse_shards(obj: Any, sharded_models: bool) -> None:
         if sharded_models:
             shards.append(type(obj).__name__)
     else:
-        _tree.apply(lambda t: shards.append("x") if hasattr(t, "full_tensor") else None, obj)
+        _tree.apply(lambda t: shards.append("x") if hasattr(t, "full_tensor") else None, data=obj)
     if shards:
         raise ValueError("accelerator.save() got the shards of an FSDP model (DTensors): call "
                          "state = accelerator.get_state_dict(model) on every rank (the full "

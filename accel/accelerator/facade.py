@@ -216,7 +216,7 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, value: int) -> None:
-        self._run.accumulation.num_steps = parse_int(value, "gradient_accumulation_steps",
+        self._run.accumulation.num_steps = parse_int(value, name="gradient_accumulation_steps",
                                                      minimum=1, strict=True)
 
     @property
@@ -249,7 +249,7 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
         """Move ``model`` to the device, wrap it (DDP) unless ``evaluation_mode``, add autocast,
         and compile it when a dynamo backend is set (``torch.compile`` of the wrapped model)."""
         place = self.device_placement if device_placement is None else device_placement
-        wrapped = self._prep.prepare_model(model, place, evaluation_mode)
+        wrapped = self._prep.prepare_model(model, place=place, evaluation_mode=evaluation_mode)
         self._run.prepared_ids.add(id(wrapped))
         return wrapped
 
@@ -257,7 +257,7 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
                             device_placement: bool | None = None) -> PreparedDataLoader:
         """Shard ``data_loader`` by rank and move its batches to the device."""
         place = self.device_placement if device_placement is None else device_placement
-        return self._prep.prepare_data_loader(data_loader, place)
+        return self._prep.prepare_data_loader(data_loader, place=place)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         return self.prepare(optimizer)  # type: ignore[no-any-return]
@@ -367,7 +367,8 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather per-sample outputs so that every sample appears exactly once, in order."""
-        return gather_for_metrics(self._rt.comm, self._run.data, input_data, use_gather_object)
+        return gather_for_metrics(self._rt.comm, tracker=self._run.data, data=input_data,
+                                  use_gather_object=use_gather_object)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """All-reduce (sum, mean, max, min) across ranks; returns new tensors."""
@@ -375,7 +376,8 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0,
                              pad_first: bool = False) -> Any:
-        return self._rt.comm.pad_across_processes(tensor, dim, pad_index, pad_first)
+        return self._rt.comm.pad_across_processes(tensor, dim=dim, pad_index=pad_index,
+                                                  pad_first=pad_first)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return self._rt.comm.broadcast(tensor, from_process)
@@ -404,7 +406,7 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
 
     def check_trigger(self) -> bool:
         """True on every rank if any rank called ``set_trigger`` (then resets it)."""
-        fired = any_rank(self._rt.comm, self._run.trigger)
+        fired = any_rank(self._rt.comm, flag=self._run.trigger)
         if fired:
             self._run.trigger = False
         return fired
@@ -418,8 +420,8 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
         Join is enabled when batches are not evened out. Other strategies warn and run the
         block unchanged, as in Accelerate.
         """
-        return self._step.join_uneven_inputs(joinables, even_batches,
-                                             self.dataloader_config.even_batches)
+        return self._step.join_uneven_inputs(joinables, even_batches=even_batches,
+                                             default_even=self.dataloader_config.even_batches)
 
     # -- process helpers (the rest: ProcessMixin) ----------------------------------------------
     def tqdm(self, iterable: Any = None, *args: Any, main_process_only: bool = True,

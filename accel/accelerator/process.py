@@ -32,7 +32,7 @@ def _skip(*args: Any, **kwargs: Any) -> None:
     """What ``on_main_process`` and friends return on the other ranks: does nothing."""
 
 
-def only_where(runs: bool, distributed: bool, function: Callable[..., Any]
+def only_where(runs: bool, *, distributed: bool, function: Callable[..., Any]
                ) -> Callable[..., Any]:
     """``function`` where it ``runs`` (or in a job of one process), else a no-op with its name."""
     if runs or not distributed:
@@ -40,7 +40,7 @@ def only_where(runs: bool, distributed: bool, function: Callable[..., Any]
     return functools.wraps(function)(_skip)
 
 
-def process_filter(decorate: Callable[..., Any], function: Callable[..., Any] | None,
+def process_filter(decorate: Callable[..., Any], *, function: Callable[..., Any] | None,
                    index: int | None, what: str) -> Any:
     """``on_process``/``on_local_process``: usable as ``@obj.on_process(process_index=1)``.
 
@@ -65,13 +65,13 @@ class ProcessMixin:
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
         """Run the block on the main process first (others wait without a timeout)."""
-        with leader_first(self._rt.context, self._rt.group.store()):
+        with leader_first(self._rt.context, store=self._rt.group.store()):
             yield
 
     @contextlib.contextmanager
     def local_main_process_first(self) -> Iterator[None]:
         """Run the block on each node's local main process first."""
-        with leader_first(self._rt.context, self._rt.group.store(), local=True):
+        with leader_first(self._rt.context, store=self._rt.group.store(), local=True):
             yield
 
     @contextlib.contextmanager
@@ -83,22 +83,24 @@ class ProcessMixin:
         ``apply_padding`` every share is padded with the last item to the same length.
         """
         ctx = self._rt.context
-        yield split_for_rank(ctx, inputs, apply_padding) if ctx.is_distributed else inputs
+        yield split_for_rank(ctx, inputs=inputs,
+                             apply_padding=apply_padding) if ctx.is_distributed else inputs
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``function`` to run on the main process only (a no-op elsewhere)."""
         ctx = self._rt.context
-        return only_where(ctx.is_main_process, ctx.is_distributed, function)
+        return only_where(ctx.is_main_process, distributed=ctx.is_distributed, function=function)
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``function`` to run on each node's local main process only."""
         ctx = self._rt.context
-        return only_where(ctx.is_local_main_process, ctx.is_distributed, function)
+        return only_where(ctx.is_local_main_process, distributed=ctx.is_distributed,
+                          function=function)
 
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``function`` to run on the last process only."""
         ctx = self._rt.context
-        return only_where(ctx.is_last_process, ctx.is_distributed, function)
+        return only_where(ctx.is_last_process, distributed=ctx.is_distributed, function=function)
 
     def on_process(self, function: Callable[..., Any] | None = None,
                    process_index: int | None = None) -> Any:
@@ -106,9 +108,10 @@ class ProcessMixin:
         always runs); use it as ``@accelerator.on_process(process_index=1)``."""
         ctx = self._rt.context
         return process_filter(
-            lambda f, process_index: only_where(ctx.rank == process_index, ctx.is_distributed,
-                                                f),
-            function, process_index, "process_index")
+            lambda f, process_index: only_where(ctx.rank == process_index,
+                                                distributed=ctx.is_distributed,
+                                                function=f),
+            function=function, index=process_index, what="process_index")
 
     def on_local_process(self, function: Callable[..., Any] | None = None,
                          local_process_index: int | None = None) -> Any:
@@ -116,8 +119,8 @@ class ProcessMixin:
         ctx = self._rt.context
         return process_filter(
             lambda f, local_process_index: only_where(ctx.local_rank == local_process_index,
-                                                      ctx.is_distributed, f),
-            function, local_process_index, "local_process_index")
+                                                      distributed=ctx.is_distributed, function=f),
+            function=function, index=local_process_index, what="local_process_index")
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""

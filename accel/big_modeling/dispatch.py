@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -106,7 +105,7 @@ def _main_device(device_map: DeviceMap, main_device: Any) -> torch.device:
     return as_device(devices[0]) if devices else torch.device("cpu")
 
 
-def _offloaded_state(model: nn.Module, names: Sequence[str], main: torch.device,
+def _offloaded_state(model: nn.Module, *, names: Sequence[str], main: torch.device,
                      device_map: DeviceMap, offload_buffers: bool
                      ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The weights of the modules kept on the CPU (for a model running elsewhere) and of those
@@ -123,10 +122,11 @@ def _offloaded_state(model: nn.Module, names: Sequence[str], main: torch.device,
     return cpu, disk
 
 
-def _weights(model: nn.Module, device_map: DeviceMap, main: torch.device, opts: dict[str, Any]
+def _weights(model: nn.Module, *, device_map: DeviceMap, main: torch.device, opts: dict[str, Any]
              ) -> OffloadedWeightsLoader | None:
     names = list(device_map)
-    cpu, disk = _offloaded_state(model, names, main, device_map, opts["offload_buffers"])
+    cpu, disk = _offloaded_state(model, names=names, main=main, device_map=device_map,
+                                 offload_buffers=opts["offload_buffers"])
     if opts["state_dict"] is not None:
         cpu = dict(opts["state_dict"])
     folder, index = opts["offload_dir"], opts["offload_index"]
@@ -195,17 +195,17 @@ def dispatch_model(model: nn.Module, device_map: DeviceMap,
     opts = {"offload_buffers": offload_buffers, "state_dict": state_dict,
             "offload_dir": offload_dir, "offload_index": offload_index, "skip_keys": skip_keys,
             "preload": list(preload_module_classes or [])}
-    loader = _weights(model, device_map, main, opts)
+    loader = _weights(model, device_map=device_map, main=main, opts=opts)
     tied = TiedWeights()
     _share_ties(loader, tied)
-    _attach(model, device_map, main, loader, tied, opts)
+    _attach(model, device_map=device_map, main=main, loader=loader, tied=tied, opts=opts)
     if "" not in device_map:
         add_hook_to_module(model, _ModelIOHook(main, skip_keys, tied), append=True)
     model.__dict__["hf_device_map"] = dict(device_map)
     return model
 
 
-def _attach(model: nn.Module, device_map: DeviceMap, main: torch.device,
+def _attach(model: nn.Module, *, device_map: DeviceMap, main: torch.device,
             loader: OffloadedWeightsLoader | None, tied: TiedWeights, opts: dict[str, Any]
             ) -> None:
     """Hooks for every device-map entry: placing it, or offloading it (run on ``main``)."""
@@ -220,9 +220,10 @@ def _attach(model: nn.Module, device_map: DeviceMap, main: torch.device,
         module = modules.get(name)
         if offloaded_entry(name):
             if module is None:  # a tensor named directly: it stays with the execution device
-                _place_one(model, name, main, tied)
+                _place_one(model, name=name, device=main, tied=tied)
                 continue
-            _hook_tree(module, name, preload, lambda prefix, whole: AlignDevicesHook(
+            _hook_tree(module, prefix=name, preload=preload, make=lambda prefix,
+                       whole: AlignDevicesHook(
                 execution_device=main, offload=True, offload_buffers=opts["offload_buffers"],
                 weights_map=None if loader is None else PrefixedDataset(
                     loader, f"{prefix}." if prefix else ""),
@@ -230,23 +231,26 @@ def _attach(model: nn.Module, device_map: DeviceMap, main: torch.device,
             continue
         device = as_device(device_map[name])
         if module is None:
-            _place_one(model, name, device, tied)
+            _place_one(model, name=name, device=device, tied=tied)
             continue
         add_hook_to_module(module, AlignDevicesHook(
             execution_device=device, place_submodules=True, skip_keys=skip, tied_params_map=tied))
-        follow = functools.partial(_follower, device, skip, tied)
+        follow = _follower(device, skip=skip, tied=tied)
         for child_name, child in module.named_children():  # inputs follow into every part
-            _hook_tree(child, child_name, preload, follow)
+            _hook_tree(child, prefix=child_name, preload=preload, make=follow)
 
 
-def _follower(device: torch.device, skip: str | list[str] | None, tied: TiedWeights,
-              _name: str, whole: bool) -> ModelHook:
-    """A hook that moves a placed part's inputs to its device (its tensors are there)."""
-    return AlignDevicesHook(execution_device=device, place_submodules=whole, skip_keys=skip,
-                            tied_params_map=tied)
+def _follower(device: torch.device, *, skip: str | list[str] | None,
+              tied: TiedWeights) -> Callable[[str, bool], ModelHook]:
+    """A maker of hooks that move a placed part's inputs to its device (its tensors are
+    there)."""
+    def make(_name: str, whole: bool) -> ModelHook:
+        return AlignDevicesHook(execution_device=device, place_submodules=whole, skip_keys=skip,
+                                tied_params_map=tied)
+    return make
 
 
-def _hook_tree(module: nn.Module, prefix: str, preload: Sequence[str],
+def _hook_tree(module: nn.Module, *, prefix: str, preload: Sequence[str],
                make: Callable[[str, bool], ModelHook], append_root: bool = False) -> None:
     """``make(name, whole)``'s hook on every module under ``module`` that holds tensors of its
     own; an instance of a ``preload`` class gets one hook for all of its tensors (``whole``)."""
@@ -262,7 +266,7 @@ def _hook_tree(module: nn.Module, prefix: str, preload: Sequence[str],
                          for child, sub in current.named_children())
 
 
-def _place_one(model: nn.Module, name: str, device: torch.device, tied: TiedWeights) -> None:
+def _place_one(model: nn.Module, *, name: str, device: torch.device, tied: TiedWeights) -> None:
     tensor = dict(named_module_tensors(model, recurse=True))[name]
     placed = tied.placed.get(id(tensor))
     if placed is None:
@@ -291,7 +295,8 @@ def cpu_offload(model: nn.Module, execution_device: torch.device | str | int | N
     """
     device = as_device(execution_device if execution_device is not None else "cpu")
     loader = None if state_dict is None else OffloadedWeightsLoader(state_dict=state_dict)
-    return _offload_leaves(model, device, loader, offload_buffers, preload_module_classes or [])
+    return _offload_leaves(model, device=device, loader=loader, offload_buffers=offload_buffers,
+                           preload=preload_module_classes or [])
 
 
 def cpu_offload_with_hook(model: nn.Module,
@@ -329,11 +334,11 @@ def disk_offload(model: nn.Module, offload_dir: str | Path,
         state = dict(named_module_tensors(model, include_buffers=offload_buffers, recurse=True,
                                           remove_non_persistent=True))
         offload_state_dict(folder, state)
-    return _offload_leaves(model, device, OffloadedWeightsLoader(save_folder=folder),
-                           offload_buffers, preload_module_classes or [])
+    return _offload_leaves(model, device=device, loader=OffloadedWeightsLoader(save_folder=folder),
+                           offload_buffers=offload_buffers, preload=preload_module_classes or [])
 
 
-def _offload_leaves(model: nn.Module, device: torch.device,
+def _offload_leaves(model: nn.Module, *, device: torch.device,
                     loader: OffloadedWeightsLoader | None, offload_buffers: bool,
                     preload: Sequence[str]) -> nn.Module:
     """One offloading hook per module with tensors of its own. Without ``loader`` each hook
@@ -348,7 +353,7 @@ def _offload_leaves(model: nn.Module, device: torch.device,
         _share_ties(loader, tied)
     # the root's input/output hook first: it sees the input where the caller put it
     add_hook_to_module(model, _ModelIOHook(device, None, tied))
-    _hook_tree(model, "", preload, lambda name, whole: AlignDevicesHook(
+    _hook_tree(model, prefix="", preload=preload, make=lambda name, whole: AlignDevicesHook(
         execution_device=device, offload=True, offload_buffers=offload_buffers,
         weights_map=None if loader is None else PrefixedDataset(
             loader, f"{name}." if name else ""),

@@ -179,7 +179,7 @@ def table(rows: Sequence[MemoryEstimate]) -> str:
     return "\n".join([*lines, f"{count:,} parameters; {_NOTE}"])
 
 
-def run_estimate(spec: str, dtypes: Sequence[str], as_json: bool = False,
+def run_estimate(spec: str, *, dtypes: Sequence[str], as_json: bool = False,
                  out: TextIO | None = None) -> int:
     """Build, estimate and print (a table, or JSON); returns the exit status (2: bad spec)."""
     out = sys.stdout if out is None else out

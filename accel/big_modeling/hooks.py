@@ -160,7 +160,7 @@ def as_device(device: torch.device | str | int) -> torch.device:
                          f"({exc}); place that part on 'cpu' or 'disk'") from None
 
 
-def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurse: bool = False,
+def named_module_tensors(module: nn.Module, *, include_buffers: bool = True, recurse: bool = False,
                          remove_non_persistent: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Every parameter (and buffer) name of ``module`` with its tensor, tied names included."""
     yield from module.named_parameters(recurse=recurse, remove_duplicate=False)
@@ -216,7 +216,7 @@ def storage_key(tensor: torch.Tensor) -> str:
             f"{tensor.storage_offset()}:{tuple(tensor.shape)}:{tensor.stride()}")
 
 
-def _twin(tensor: torch.Tensor, device: torch.device, requires_grad: bool | None = None
+def _twin(tensor: torch.Tensor, *, device: torch.device, requires_grad: bool | None = None
           ) -> torch.Tensor:
     """``tensor`` on ``device`` (no copy when already there), a Parameter if it was one."""
     data = tensor.detach().to(device)
@@ -229,14 +229,15 @@ def _twin(tensor: torch.Tensor, device: torch.device, requires_grad: bool | None
 def place_tensors(module: nn.Module, device: torch.device, recurse: bool,
                   memo: MutableMapping[int, torch.Tensor], include_buffers: bool = True) -> None:
     """Move ``module``'s tensors to ``device``; tensors met before (tied) reuse ``memo``."""
-    for name, tensor in list(named_module_tensors(module, include_buffers, recurse)):
+    for name, tensor in list(named_module_tensors(module, include_buffers=include_buffers,
+                                                  recurse=recurse)):
         placed = memo.get(id(tensor))
         if placed is None:
             if tensor.is_meta and device != _META:
                 raise ValueError(f"{name!r} is on the meta device (it has no data) and cannot be "
                                  f"placed on {device}; load its weights first "
                                  "(load_checkpoint_in_model) or map its module to 'disk'")
-            placed = tensor if tensor.device == device else _twin(tensor, device)
+            placed = tensor if tensor.device == device else _twin(tensor, device=device)
             memo[id(tensor)] = placed
         set_module_tensor(module, name, placed)
 
@@ -307,7 +308,8 @@ class AlignDevicesHook(ModelHook):
                 f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})")
 
     def _offloaded(self, module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-        return list(named_module_tensors(module, self.offload_buffers, self.place_submodules,
+        return list(named_module_tensors(module, include_buffers=self.offload_buffers,
+                                         recurse=self.place_submodules,
                                          remove_non_persistent=True))
 
     def init_hook(self, module: nn.Module) -> nn.Module:
@@ -329,7 +331,7 @@ class AlignDevicesHook(ModelHook):
             self._devices[name] = tensor.device
             twin = memo.get(id(tensor))
             if twin is None:
-                twin = _twin(tensor, torch.device("meta"))
+                twin = _twin(tensor, device=torch.device("meta"))
                 memo[id(tensor)] = twin
             self._meta[name] = twin
             set_module_tensor(module, name, twin)
@@ -360,7 +362,7 @@ class AlignDevicesHook(ModelHook):
             stored = self.weights_map[name]
             device = self.execution_device or stored.device
             meta = self._meta[name]
-            value = _twin(stored, device, meta.requires_grad
+            value = _twin(stored, device=device, requires_grad=meta.requires_grad
                           if isinstance(meta, nn.Parameter) else None)
             if key in tied.shared:
                 tied.live[shared_key] = value

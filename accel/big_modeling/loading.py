@@ -99,7 +99,7 @@ def checkpoint_files(checkpoint: str | Path) -> list[Path]:
                           "directory", path=path)
 
 
-def _read_tensor(handle: io.RawIOBase, start: int, entry: Mapping[str, Any], name: str,
+def _read_tensor(handle: io.RawIOBase, *, start: int, entry: Mapping[str, Any], name: str,
                  path: Path) -> torch.Tensor:
     """One tensor of an open safetensors file, read into fresh memory (one copy)."""
     try:
@@ -134,8 +134,8 @@ def _read(files: Sequence[Path]) -> Iterator[tuple[str, Callable[[], torch.Tenso
             aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
             names = [(n, n) for n in entries] + [(a, t) for a, t in aliases.items()]
             for name, stored in names:
-                yield name, functools.partial(_read_tensor, handle, start, entries[stored],
-                                              name, path)
+                yield name, functools.partial(_read_tensor, handle, start=start,
+                                              entry=entries[stored], name=name, path=path)
 
 
 def _dtype(value: str | torch.dtype | None) -> torch.dtype | None:
@@ -190,7 +190,7 @@ class _Plan:
         return value.to(target) if target.is_floating_point else value
 
 
-def _put(plan: _Plan, name: str, value: torch.Tensor, device: Any) -> None:
+def _put(plan: _Plan, *, name: str, value: torch.Tensor, device: Any) -> None:
     """Set ``value`` under every name tied to ``name`` (one object, so ties stay ties)."""
     current = plan.tensors[name]
     data = value.to(as_device(device))
@@ -210,7 +210,7 @@ def _to_meta(plan: _Plan, name: str) -> None:
         set_module_tensor(plan.model, alias, meta)
 
 
-def _report(model: nn.Module, missing: list[str], unexpected: list[str], strict: bool) -> None:
+def _report(model: nn.Module, *, missing: list[str], unexpected: list[str], strict: bool) -> None:
     what = []
     if missing:
         what.append(f"missing keys (left as they were): {missing[:20]}")
@@ -265,13 +265,14 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | Path,
         disk if offload_state_dict is None else offload_state_dict) else None
     plan = _Plan(model, device_map, _dtype(dtype), keep_in_fp32_modules or [], offload_buffers)
     try:
-        _load(plan, checkpoint_files(checkpoint), offload_folder, stage, strict)
+        _load(plan, files=checkpoint_files(checkpoint), folder=offload_folder, stage=stage,
+              strict=strict)
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
 
 
-def _load(plan: _Plan, files: Sequence[Path], folder: str | Path | None, stage: Path | None,
+def _load(plan: _Plan, *, files: Sequence[Path], folder: str | Path | None, stage: Path | None,
           strict: bool) -> None:
     index: dict[str, Any] = {}
     staged: dict[str, Any] = {}
@@ -298,7 +299,7 @@ def _load(plan: _Plan, files: Sequence[Path], folder: str | Path | None, stage: 
         elif stage is not None and str(held[0]) == "cpu":
             offload_weight(value, name, stage, staged)
         else:
-            _put(plan, name, value, held[0])
+            _put(plan, name=name, value=value, device=held[0])
     if index:
         assert folder is not None
         save_offload_index(index, folder)
@@ -306,12 +307,12 @@ def _load(plan: _Plan, files: Sequence[Path], folder: str | Path | None, stage: 
         save_offload_index(staged, stage)  # type: ignore[arg-type]  # stage is set
         loader = OffloadedWeightsLoader(save_folder=stage, index=staged)
         for name in staged:
-            _put(plan, name, loader[name].clone(), "cpu")
+            _put(plan, name=name, value=loader[name].clone(), device="cpu")
     missing = [name for name, tensor in plan.tensors.items() if id(tensor) not in done]
-    _report(plan.model, missing, unexpected, strict)
+    _report(plan.model, missing=missing, unexpected=unexpected, strict=strict)
 
 
-def _auto_map(model: nn.Module, device_map: str, max_memory: Mapping[Any, Any] | None,
+def _auto_map(model: nn.Module, *, device_map: str, max_memory: Mapping[Any, Any] | None,
               no_split: list[str] | None, dtype: torch.dtype | None,
               offload_buffers: bool) -> dict[str, Any]:
     if device_map not in _AUTO_MAPS:
@@ -345,8 +346,9 @@ def load_checkpoint_and_dispatch(
         ``model``, ready for inference.
     """
     if isinstance(device_map, str):
-        device_map = _auto_map(model, device_map, max_memory, no_split_module_classes,
-                               _dtype(dtype), offload_buffers)
+        device_map = _auto_map(model, device_map=device_map, max_memory=max_memory,
+                               no_split=no_split_module_classes,
+                               dtype=_dtype(dtype), offload_buffers=offload_buffers)
     if offload_state_dict is None and device_map is not None \
             and "disk" in map(str, device_map.values()):
         offload_state_dict = True

@@ -424,14 +424,14 @@ def infer_auto_device_map(model: nn.Module, max_memory: Mapping[object, int | st
     while planner.queue:
         planner.step()
     if not offload_buffers:
-        _warn_offloaded_buffers(model, planner, dtype, special_dtypes)
+        _warn_offloaded_buffers(model, planner=planner, dtype=dtype, special_dtypes=special_dtypes)
     placed = planner.placed
     if clean_result:
         clean_device_map(placed)
     return placed
 
 
-def _warn_offloaded_buffers(model: nn.Module, planner: _Planner, dtype: DtypeLike | None,
+def _warn_offloaded_buffers(model: nn.Module, *, planner: _Planner, dtype: DtypeLike | None,
                             special_dtypes: Mapping[str, DtypeLike] | None) -> None:
     gpus = [d for d in planner.devices if isinstance(d, int)]
     offloaded = [name for name, device in planner.placed.items() if device in ("cpu", "disk")]

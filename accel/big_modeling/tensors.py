@@ -68,8 +68,9 @@ def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurs
         remove_non_persistent: leave out buffers registered with ``persistent=False``.
     """
     seen: set[int] = set()
-    for name, tensor in hooks.named_module_tensors(module, include_buffers, recurse,
-                                                   remove_non_persistent):
+    for name, tensor in hooks.named_module_tensors(module, include_buffers=include_buffers,
+                                                   recurse=recurse,
+                                                   remove_non_persistent=remove_non_persistent):
         if id(tensor) not in seen:
             seen.add(id(tensor))
             yield name, tensor
@@ -105,7 +106,7 @@ def _same_device(first: torch.device, second: torch.device) -> bool:
     return first.type == second.type and (first.index or 0) == (second.index or 0)
 
 
-def _cast(value: Any, old: torch.Tensor, dtype: torch.dtype | None, tensor_name: str,
+def _cast(value: Any, *, old: torch.Tensor, dtype: torch.dtype | None, tensor_name: str,
           non_blocking: bool) -> torch.Tensor:
     tensor: torch.Tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
     if tensor.shape != old.shape:
@@ -118,7 +119,7 @@ def _cast(value: Any, old: torch.Tensor, dtype: torch.dtype | None, tensor_name:
     return tensor.to(dtype, non_blocking=non_blocking)
 
 
-def _as_parameter(data: torch.Tensor, old: nn.Parameter, device: torch.device,
+def _as_parameter(data: torch.Tensor, *, old: nn.Parameter, device: torch.device,
                   non_blocking: bool) -> torch.Tensor:
     """``data`` as a parameter of ``old``'s class on ``device``, ``requires_grad`` kept."""
     cls = type(old)
@@ -170,8 +171,8 @@ def set_module_tensor_to_device(
     wanted = parse_dtype(dtype) if dtype is not None else None
     with torch.no_grad():
         if value is not None:
-            new = _cast(value, old, wanted, tensor_name, non_blocking).to(
-                target, non_blocking=non_blocking)
+            new = _cast(value, old=old, dtype=wanted, tensor_name=tensor_name,
+                        non_blocking=non_blocking).to(target, non_blocking=non_blocking)
         else:
             new = old.to(target, non_blocking=non_blocking)
             if wanted is not None and target == _META and not str(old.dtype).startswith(_NOT_CAST):
@@ -183,16 +184,16 @@ def set_module_tensor_to_device(
             assert param is not None  # _owner found it
             if value is not None or new.dtype != param.dtype or \
                     not _same_device(target, param.device):
-                new = _as_parameter(new, param, target, non_blocking)
+                new = _as_parameter(new, old=param, device=target, non_blocking=non_blocking)
                 owner._parameters[leaf] = new  # type: ignore[assignment]
                 if fp16_statistics is not None:
                     new.SCB = fp16_statistics.to(target)  # type: ignore[attr-defined]
     if clear_cache and target not in (_CPU, _META):
         clear_device_cache()
-    _record(tied_params_map, device, owner, leaf, value, old)
+    _record(tied_params_map, device=device, owner=owner, leaf=leaf, value=value, old=old)
 
 
-def _record(tied_params_map: TiedParamsMap | None, device: Any, owner: nn.Module, leaf: str,
+def _record(tied_params_map: TiedParamsMap | None, *, device: Any, owner: nn.Module, leaf: str,
             value: torch.Tensor | None, old: torch.Tensor) -> None:
     if tied_params_map is None:
         return

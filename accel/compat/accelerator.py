@@ -79,7 +79,8 @@ class Accelerator(AccelerateAttributes, _facade.Accelerator):
             # say why; any other name is the usual AttributeError.
             reason = refused_reason("accel.Accelerator", name)
             if reason is not None:
-                raise refusal("accel.Accelerator", name, reason, where=f"Accelerator.{name}")
+                raise refusal("accel.Accelerator", name=name, reason=reason,
+                              where=f"Accelerator.{name}")
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
@@ -112,5 +113,5 @@ class Accelerator(AccelerateAttributes, _facade.Accelerator):
         runs unchanged."""
         if self.distributed_type is not distributed_type_of(self._rt.strategy):
             return no_join(self.distributed_type.value)
-        return self._step.join_uneven_inputs(joinables, even_batches,
-                                             self.dataloader_config.even_batches)
+        return self._step.join_uneven_inputs(joinables, even_batches=even_batches,
+                                             default_even=self.dataloader_config.even_batches)

@@ -49,7 +49,7 @@ class _StateDicts:
     def model_state_dict(self, model: Any) -> dict[str, torch.Tensor]:
         return dict(model) if isinstance(model, Mapping) else dict(model.state_dict())
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+    def load_model_state_dict(self, model: nn.Module, *, state: dict[str, torch.Tensor],
                               strict: bool) -> Any:
         return model.load_state_dict(state, strict=strict)
 
@@ -76,7 +76,7 @@ def _process(process_index: int) -> tuple[ProcessSetup, Communicator]:
     return setup, comm
 
 
-def _snapshot(setup: ProcessSetup, models: list[Any], optimizers: list[Any],
+def _snapshot(setup: ProcessSetup, *, models: list[Any], optimizers: list[Any],
               schedulers: list[Any], dataloaders: list[Any], scaler: Any, step: int
               ) -> RunSnapshot:
     loaders = tuple(dl for dl in dataloaders if isinstance(dl, ResumableLoader))
@@ -115,9 +115,11 @@ def save_accelerator_state(
         warn_user("save_accelerator_state(safe_serialization=False) is ignored: accel writes "
                   "tensors with safetensors and never pickles; drop the argument")
     setup, comm = _process(process_index)
-    snap = _snapshot(setup, list(model_states), optimizers, schedulers, dataloaders, scaler,
-                     step)
-    return save_run(comm, snap, Path(output_dir), None, None, None,
+    snap = _snapshot(setup, models=list(model_states), optimizers=optimizers, schedulers=schedulers,
+                     dataloaders=dataloaders, scaler=scaler,
+                     step=step)
+    return save_run(comm, snap=snap, output_dir=Path(output_dir), total_limit=None,
+                    project_dir=None, project_total_limit=None,
                     save_on_each_node=save_on_each_node)
 
 
@@ -159,7 +161,8 @@ def load_accelerator_state(
         warn_user(f"load_accelerator_state(load_kwargs={load_kwargs!r}) is ignored: accel "
                   "checkpoints hold no pickle, so torch.load is never called")
     setup, comm = _process(process_index)
-    snap = _snapshot(setup, list(models), optimizers, schedulers, dataloaders, scaler, 0)
-    loaded = load_run(comm, snap, Path(input_dir), None, strict=strict)
+    snap = _snapshot(setup, models=list(models), optimizers=optimizers, schedulers=schedulers,
+                     dataloaders=dataloaders, scaler=scaler, step=0)
+    loaded = load_run(comm, snap=snap, input_dir=Path(input_dir), project_dir=None, strict=strict)
     assert loaded is not None  # an explicit directory: missing raises in load_run
     return {"step": loaded.accumulation_step}

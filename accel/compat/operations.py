@@ -117,7 +117,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0,
                          pad_first: bool = False) -> Any:
     """Pad tensors along ``dim`` to the largest size on any rank."""
-    return _comm().pad_across_processes(tensor, dim, pad_index, pad_first)
+    return _comm().pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
 
 def wait_for_everyone() -> None:

@@ -119,7 +119,7 @@ def _missing(path: str, name: str) -> AttributeError | ImportError:
     """The error for a name ``path`` lacks: the refusal's reason, or where accel has it."""
     reason = refused_reason(path, name)
     if reason is not None:
-        return refusal(path, name, reason)
+        return refusal(path, name=name, reason=reason)
     parent = path.rpartition(".")[0]
     if parent in PATHS and not name.startswith("_") and name in names(parent):
         return not_provided(name, f"{path} has no {name!r}: accel provides it as "

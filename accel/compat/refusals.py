@@ -226,7 +226,7 @@ def not_provided(name: str, message: str) -> AttributeError | ImportError:
     return NotProvidedError(message, name=name)
 
 
-def refusal(path: str, name: str, reason: str, where: str = "") -> AttributeError | ImportError:
+def refusal(path: str, *, name: str, reason: str, where: str = "") -> AttributeError | ImportError:
     """The error to raise for ``path.name``, refused for ``reason``.
 
     ``where`` overrides how the name is shown (e.g. ``"Accelerator.profile"``).

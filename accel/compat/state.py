@@ -75,7 +75,7 @@ class _Process:
     distributed_type: DistributedType
 
 
-def _connect(cpu: bool, kwargs: dict[str, Any]) -> tuple[_Process, Any]:
+def _connect(cpu: bool, *, kwargs: dict[str, Any]) -> tuple[_Process, Any]:
     try:
         init = InitProcessGroupKwargs(**kwargs) if kwargs else None
     except TypeError:
@@ -116,7 +116,7 @@ class PartialState:
         accel keeps none (each object is a view), so there is nothing to reset."""
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
-        self._process = _connect(cpu, kwargs)[0]
+        self._process = _connect(cpu, kwargs=kwargs)[0]
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(distributed_type={self.distributed_type.value}, "
@@ -206,13 +206,13 @@ class PartialState:
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
         """Run the block on the main process first; the others wait without a timeout."""
-        with leader_first(self._process.context, self._process.group.store()):
+        with leader_first(self._process.context, store=self._process.group.store()):
             yield
 
     @contextlib.contextmanager
     def local_main_process_first(self) -> Iterator[None]:
         """Run the block on each node's local main process first."""
-        with leader_first(self._process.context, self._process.group.store(), local=True):
+        with leader_first(self._process.context, store=self._process.group.store(), local=True):
             yield
 
     @contextlib.contextmanager
@@ -231,7 +231,7 @@ class PartialState:
         if not self._process.context.is_distributed:
             yield inputs
             return
-        yield split_for_rank(self._process.context, inputs, apply_padding)
+        yield split_for_rank(self._process.context, inputs=inputs, apply_padding=apply_padding)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on each node's local main process only (as Accelerate's ``state.print``)."""
@@ -246,8 +246,8 @@ class PartialState:
         destroy_process_group(group)
 
     # -- decorators -----------------------------------------------------------------------------
-    def _only(self, runs: bool, function: Callable[..., Any]) -> Callable[..., Any]:
-        return only_where(runs, self.use_distributed, function)
+    def _only(self, runs: bool, *, function: Callable[..., Any]) -> Callable[..., Any]:
+        return only_where(runs, distributed=self.use_distributed, function=function)
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``function`` to run on the main process only (a no-op elsewhere).
@@ -257,15 +257,15 @@ class PartialState:
             >>> state.on_main_process(lambda: "ran")()
             'ran'
         """
-        return self._only(self.is_main_process, function)
+        return self._only(self.is_main_process, function=function)
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``function`` to run on each node's local main process only."""
-        return self._only(self.is_local_main_process, function)
+        return self._only(self.is_local_main_process, function=function)
 
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``function`` to run on the last process only."""
-        return self._only(self.is_last_process, function)
+        return self._only(self.is_last_process, function=function)
 
     def on_process(self, function: Callable[..., Any] | None = None,
                    process_index: int | None = None) -> Any:
@@ -274,14 +274,16 @@ class PartialState:
         Use it as ``@state.on_process(process_index=1)``. In one process it always runs.
         """
         return process_filter(lambda f, process_index: self._only(
-            self.process_index == process_index, f), function, process_index, "process_index")
+            self.process_index == process_index, function=f), function=function,
+            index=process_index, what="process_index")
 
     def on_local_process(self, function: Callable[..., Any] | None = None,
                          local_process_index: int | None = None) -> Any:
         """Decorate ``function`` to run on local process ``local_process_index`` of each node."""
         return process_filter(lambda f, local_process_index: self._only(
-            self.local_process_index == local_process_index, f), function, local_process_index,
-            "local_process_index")
+            self.local_process_index == local_process_index, function=f), function=function,
+            index=local_process_index,
+            what="local_process_index")
 
 
 class AcceleratorState(PartialState):
@@ -316,7 +318,7 @@ class AcceleratorState(PartialState):
             if kwargs.pop(name, None) is not None:
                 hint = UNSUPPORTED_ARGUMENTS.get(name, "accel has no such plugin")
                 raise TypeError(f"AcceleratorState({name}=...) is not supported: {hint}")
-        self._process, settings = _connect(cpu, kwargs)
+        self._process, settings = _connect(cpu, kwargs=kwargs)
         self._mixed_precision = resolve_precision(mixed_precision, settings).value
         sharding = resolve_sharding(plugin, mesh, settings)  # ACCEL_USE_FSDP from accel launch
         self.fsdp_plugin = sharding["fsdp_plugin"]

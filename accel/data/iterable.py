@@ -53,7 +53,7 @@ class CountingCollate:
 
 def clone_batch(batch: Any) -> Any:
     """A copy of ``batch`` whose tensors the user cannot change through the original."""
-    return _tree.apply(lambda t: t.clone(), batch)
+    return _tree.apply(lambda t: t.clone(), data=batch)
 
 
 class ChunkRounds:
@@ -104,7 +104,7 @@ class ChunkRounds:
         elif slot < self.rank:  # may be needed if the stream has at most `rank` chunks
             self.first_round.append(Unit(batch, int(count)))
 
-    def pad(self, units: list[Unit], final: bool) -> list[tuple[Unit, int]]:
+    def pad(self, units: list[Unit], *, final: bool) -> list[tuple[Unit, int]]:
         """even_batches padder: ranks without a chunk in the final round get a duplicate."""
         slots = [(unit, unit.size) for unit in units]
         if len(units) == self.world:

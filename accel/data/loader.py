@@ -328,8 +328,9 @@ class PreparedDataLoader:
                 f"after batch {skip}) saved with {state['world_size']} processes on "
                 f"{self._ctx.world_size}: each rank read its own stream, and those change with "
                 "the number of processes; resume at an epoch boundary or with the same world size")
-        skip = _convert_skip(skip, int(state["world_size"]), self._ctx.world_size,
-                             bool(state.get("split_batches")))
+        skip = _convert_skip(skip, old_world=int(state["world_size"]),
+                             new_world=self._ctx.world_size,
+                             split=bool(state.get("split_batches")))
         generator = state.get("generator")
         lost = self._source.pass_generator is not None and generator is None
         if skip and ((state["version"] == 1 and self._source.seeded) or lost):
@@ -360,7 +361,7 @@ class PreparedDataLoader:
         return getattr(self.base_dataloader, name)
 
 
-def _convert_skip(skip: int, old_world: int, new_world: int, split: bool) -> int:
+def _convert_skip(skip: int, *, old_world: int, new_world: int, split: bool) -> int:
     """Batches to skip when a position saved with ``old_world`` ranks resumes with ``new_world``
     (each round covers the same samples in split mode; otherwise world x batch_size)."""
     if old_world == new_world or split or skip == 0:
@@ -408,15 +409,16 @@ def build_prepared_loader(loader: DataLoader[Any], *, ctx: ProcessContext,
         raise TypeError(f"build_prepared_loader needs a torch.utils.data.DataLoader, got "
                         f"{type(loader).__name__}")
     seed = config.data_seed if config.data_seed is not None else int(seed)
-    source = select_source(loader, ctx, config, seed, comm)
-    check_same_everywhere(loader, source, comm, already_sharded=bool(config.already_sharded))
+    source = select_source(loader, ctx=ctx, config=config, seed=seed, comm=comm)
+    check_same_everywhere(loader, source=source, comm=comm,
+                          already_sharded=bool(config.already_sharded))
     sync = comm.broadcast if comm.ctx.world_size > 1 else None
     return PreparedDataLoader(loader, source, ctx=ctx, device=device, config=config,
                               tracker=tracker, seed=seed, after_batch=after_batch, sync=sync)
 
 
 @contextlib.contextmanager
-def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool
+def override_even_batches(loaders: Iterable[PreparedDataLoader], *, even: bool
                           ) -> Iterator[None]:
     """Inside the block, the map-style ``loaders`` shard with ``even_batches=even``; their own
     values come back on exit (``Accelerator.join_uneven_inputs(even_batches=...)``).
@@ -437,7 +439,7 @@ def override_even_batches(loaders: Iterable[PreparedDataLoader], even: bool
         >>> source = MapSource(base, rank=1, world=2, even=True, split=False, seed=0)
         >>> dl = PreparedDataLoader(base, source, ctx=ctx, device=None,
         ...     config=DataLoaderConfiguration(), tracker=DataTracker(), seed=0)
-        >>> with override_even_batches([dl], False):
+        >>> with override_even_batches([dl], even=False):
         ...     len(dl), dl.batch_sampler.even_batches  # batch 1 only: 3 batches, 2 ranks
         (1, False)
         >>> len(dl), dl.batch_sampler.even_batches  # batch 1, then a padding duplicate

@@ -147,7 +147,8 @@ def local_steps(chunks: Iterator[tuple[Any, int]], *, exchange: Exchange | None,
         if exchange is None:
             steps, final = _alone(reader)
         else:
-            steps, final = _agree(reader, exchange([len(reader.buffer), int(reader.ended)]),
+            steps, final = _agree(reader,
+                                  everyone=exchange([len(reader.buffer), int(reader.ended)]),
                                   share=share, first=index == 0, rank=rank)
         for k in range(steps):
             batch, size, real = reader.take()
@@ -164,7 +165,7 @@ def _alone(reader: _Reader) -> tuple[int, bool]:
     return len(reader.buffer) - 1, False  # keep one read ahead: it tells whether a step is last
 
 
-def _agree(reader: _Reader, everyone: list[list[int]], *, share: Share | None,
+def _agree(reader: _Reader, *, everyone: list[list[int]], share: Share | None,
            first: bool, rank: int) -> tuple[int, bool]:
     """(steps every rank takes now, whether they end the pass) from every rank's
     ``[chunks read ahead, stream ended]``; prepares this rank's padding when it will need it."""

@@ -16,7 +16,7 @@ from .loader import DataTracker
 __all__ = ["gather_for_metrics"]
 
 
-def gather_for_metrics(comm: Communicator, tracker: DataTracker, data: Any,
+def gather_for_metrics(comm: Communicator, *, tracker: DataTracker, data: Any,
                        use_gather_object: bool = False) -> Any:
     """Gather ``data`` computed on the active loader's current batch, without padded samples.
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 __all__ = ["IndexPadder", "Step", "Unit", "index_rounds", "rank_steps"]
 
@@ -50,8 +50,10 @@ class Step(NamedTuple):
     announce: tuple[tuple[int, ...], ...] = ()
 
 
-#: ``pad(units, final) -> [(unit, real), ...]`` with one entry per rank (even_batches mode).
-Padder = Callable[[list[Unit], bool], list[tuple[Unit, int]]]
+class Padder(Protocol):
+    """``pad(units, final=...) -> [(unit, real), ...]`` with one entry per rank (even_batches)."""
+
+    def __call__(self, units: list[Unit], *, final: bool) -> list[tuple[Unit, int]]: ...
 
 
 def index_rounds(batches: Iterable[list[int]], *, world: int, split_size: int | None,
@@ -152,7 +154,7 @@ def rank_steps(rounds: Iterable[list[Unit]], *, rank: int, world: int, pad: Padd
                 "even_batches=True or a batch sampler whose batches all have batch_size samples")
         if nxt is not None and pad is None and len(nxt) < world:
             pending.append(tuple(range(len(nxt))))
-        slots = pad(cur, nxt is None) if pad is not None else [(u, u.size) for u in cur]
+        slots = pad(cur, final=nxt is None) if pad is not None else [(u, u.size) for u in cur]
         if rank >= len(slots):  # no batch for this rank in the final round
             break
         unit, real = slots[rank]

@@ -31,7 +31,7 @@ def dataset_length(dataset: Any) -> int | None:
         return None
 
 
-def select_source(loader: DataLoader[Any], ctx: ProcessContext,
+def select_source(loader: DataLoader[Any], *, ctx: ProcessContext,
                    config: DataLoaderConfiguration, seed: int, comm: Communicator) -> _Source:
     world, rank = ctx.world_size, ctx.rank
     sampler = find_distributed_sampler(loader)
@@ -78,7 +78,7 @@ def _channels(comm: Communicator, world: int) -> dict[str, Any]:
             "share": lambda obj, src: comm.broadcast_object_list([obj], src)[0]}
 
 
-def check_same_everywhere(loader: DataLoader[Any], source: _Source, comm: Communicator, *,
+def check_same_everywhere(loader: DataLoader[Any], *, source: _Source, comm: Communicator,
                           already_sharded: bool) -> None:
     """Ranks must agree on what is sharded, or the shards overlap and miss samples silently.
 

@@ -407,7 +407,7 @@ class PassthroughSource(_Source):
         self._positions = (sampler is not None and type(batch_sampler) is BatchSampler
                            and getattr(batch_sampler, "sampler", None) is sampler)
 
-    def _step(self, index: int, batch: Any, last: bool) -> Step:
+    def _step(self, index: int, *, batch: Any, last: bool) -> Step:
         if not self._positions:
             size = count_samples(batch)
             return Step(index, size, size, last)
@@ -429,7 +429,7 @@ class PassthroughSource(_Source):
         index = skip
         while ahead is not _END:
             batch, ahead = ahead, next(it, _END)
-            yield batch, self._step(index, batch, ahead is _END)
+            yield batch, self._step(index, batch=batch, last=ahead is _END)
             index += 1
 
     def __len__(self) -> int:

@@ -36,10 +36,10 @@ def send_to_device(data: Any, device: torch.device | str | int | None, non_block
     if device is None:
         return data
     skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
-    return _move(data, device, non_blocking, skip)
+    return _move(data, device=device, non_blocking=non_blocking, skip=skip)
 
 
-def _move(data: Any, device: Any, non_blocking: bool, skip: set[str]) -> Any:
+def _move(data: Any, *, device: Any, non_blocking: bool, skip: set[str]) -> Any:
     # Plain tensors already on ``device`` and plain lists and tuples first, without a call
     # into torch: a prepared loader moves every batch (a CPU batch usually goes nowhere).
     kind = type(data)
@@ -48,15 +48,19 @@ def _move(data: Any, device: Any, non_blocking: bool, skip: set[str]) -> Any:
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=non_blocking)
     if kind is list:
-        return [_move(item, device, non_blocking, skip) for item in data]
+        return [_move(item, device=device, non_blocking=non_blocking, skip=skip) for item in data]
     if kind is tuple:
-        return tuple([_move(item, device, non_blocking, skip) for item in data])
+        return tuple([_move(item, device=device, non_blocking=non_blocking,
+                            skip=skip) for item in data])
     if is_namedtuple(data):
-        return type(data)(*(_move(item, device, non_blocking, skip) for item in data))
+        return type(data)(*(_move(item, device=device, non_blocking=non_blocking,
+                                  skip=skip) for item in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(_move(item, device, non_blocking, skip) for item in data)
+        return type(data)(_move(item, device=device, non_blocking=non_blocking,
+                                skip=skip) for item in data)
     if isinstance(data, Mapping):
-        items = {key: value if key in skip else _move(value, device, non_blocking, skip)
+        items = {key: value if key in skip else _move(value, device=device,
+                                                      non_blocking=non_blocking, skip=skip)
                  for key, value in data.items()}
         try:
             # Mapping declares no constructor arguments; a type that takes none fails below.

@@ -90,7 +90,7 @@ class ProcessGroupHandle:
 
 def start_process_group(
     ctx: ProcessContext,
-    info: LaunchInfo,
+    *, info: LaunchInfo,
     device: Device,
     timeout: timedelta | None = None,
     backend: str | None = None,
@@ -134,7 +134,8 @@ def start_process_group(
     if backend == "xla":
         kwargs["init_method"] = init_method  # PJRT's own rendezvous, no store
     else:
-        kwargs["store"] = _group_store(init_method, info, ctx.rank, ctx.world_size, timeout)
+        kwargs["store"] = _group_store(init_method, info=info, rank=ctx.rank,
+                                       world_size=ctx.world_size, timeout=timeout)
     dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size,
                             timeout=timeout, **kwargs)
     return ProcessGroupHandle(True, backend, timeout)
@@ -180,7 +181,7 @@ class _GroupOptions(TypedDict, total=False):
     device_id: torch.device
 
 
-def _group_store(init_method: str, info: LaunchInfo, rank: int, world_size: int,
+def _group_store(init_method: str, *, info: LaunchInfo, rank: int, world_size: int,
                  timeout: timedelta) -> dist.Store:
     """The store of a new default group: the rendezvous's (the agent's own after a torchrun
     restart, see :func:`_attempt_store`), under a key prefix per group this rank started on it.

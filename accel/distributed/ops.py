@@ -123,7 +123,8 @@ class _SendPlan:
                      if world * row * 8 <= _PLAN_BYTES else None)
         self.heads = (None if self.recv is None
                       else self.recv.as_strided(self.expected.shape, (row, 1)))
-        self.blocks = _blocks(lay, leaves, self.recv, world, row * 8) if self.fits else None
+        self.blocks = _blocks(lay, leaves=leaves, recv=self.recv, world=world,
+                              row_bytes=row * 8) if self.fits else None
         self.dests: list[torch.Tensor] = []
         if not self.fits:  # this rank overflows: its payload goes in the second round
             return
@@ -177,7 +178,7 @@ class _SendPlan:
 _Block = tuple[torch.Tensor, tuple[int, ...], bool, "torch.device | None"]
 
 
-def _blocks(lay: _Layout, leaves: list[torch.Tensor], recv: torch.Tensor | None, world: int,
+def _blocks(lay: _Layout, *, leaves: list[torch.Tensor], recv: torch.Tensor | None, world: int,
             row_bytes: int) -> list[_Block] | None:
     if recv is None or any(t.element_size() > _ALIGN for t in leaves):
         return None  # unpacked from each call's buffer (complex128: byte copies first)
@@ -268,28 +269,30 @@ class Communicator:
                 self._layouts.popitem(last=False)
         capacity = self._capacity.get(lay.key, _MIN_CAPACITY)
         world = self.ctx.world_size if group is None else dist.get_world_size(group)
-        plan = self._send_plan(signature, lay, capacity, leaves, world)
+        plan = self._send_plan(signature, lay=lay, capacity=capacity, leaves=leaves, world=world)
         plan.fill(leaves)
         flat = plan.receive(world, group)
         row_bytes, base = plan.send.numel() * 8, len(lay.header) * 8
         if plan.uniform(flat):  # the steady state: every rank sent these shapes
-            self._remember(lay.key, capacity, lay.needed, lay.wanted)
+            self._remember(lay.key, capacity=capacity, largest=lay.needed, wanted=lay.wanted)
             if flat is plan.recv and plan.blocks is not None:
                 return plan.results()
-            return _unpack_uniform(leaves, lay.shapes, lay.offsets, flat, world, row_bytes, base)
+            return _unpack_uniform(leaves, shapes=lay.shapes, offsets=lay.offsets, flat=flat,
+                                   world=world, row_bytes=row_bytes, base=base)
         headers = flat.as_strided((world, len(lay.header)), (row_bytes // 8, 1)).tolist()
         largest = max(h[0] for h in headers)
         if largest > capacity:  # someone overflowed: every rank sees it and joins round two
             payload = torch.empty(_align(largest), dtype=torch.uint8, device=flat.device)
             self._pack(payload, leaves, lay.offsets)
             flat, row_bytes, base = self._all_gather(payload, world, group), payload.numel(), 0
-        self._remember(lay.key, capacity, largest)
+        self._remember(lay.key, capacity=capacity, largest=largest)
         if all(h == lay.header for h in headers):  # everyone overflowed with the same shapes
-            return _unpack_uniform(leaves, lay.shapes, lay.offsets, flat, world, row_bytes, base)
+            return _unpack_uniform(leaves, shapes=lay.shapes, offsets=lay.offsets, flat=flat,
+                                   world=world, row_bytes=row_bytes, base=base)
         rows = flat.view(torch.uint8).view(world, row_bytes)[:, base:]
         return self._unpack(leaves, headers, rows)
 
-    def _send_plan(self, signature: tuple[Any, ...], lay: _Layout, capacity: int,
+    def _send_plan(self, signature: tuple[Any, ...], *, lay: _Layout, capacity: int,
                    leaves: list[torch.Tensor], world: int) -> _SendPlan:
         plan = self._plans.get(signature)
         if plan is not None and plan.capacity == capacity:
@@ -316,7 +319,7 @@ class Communicator:
         _ALL_GATHER_INTO(out, send, group=group)
         return out
 
-    def _remember(self, key: tuple[Any, ...], capacity: int, largest: int,
+    def _remember(self, key: tuple[Any, ...], *, capacity: int, largest: int,
                   wanted: int | None = None) -> None:
         """Every rank calls this after every gather with the same arguments, so all ranks keep
         the same capacities (and evict the same keys)."""
@@ -376,7 +379,8 @@ class Communicator:
                 raise TypeError(f"cannot {reduction} bool tensors; use 'max' (any) or 'min' "
                                 "(all), or convert to int first")
         if not self.ctx.is_distributed:
-            out = [self._finish(t.clone(), reduction, scale, 1) for t in leaves]
+            out = [self._finish(t.clone(), reduction=reduction, scale=scale,
+                                world=1) for t in leaves]
             return rebuild(out)
         with self._collective(f"reduce:{reduction}", leaves):
             return rebuild(self._reduce_leaves(leaves, reduction, scale))
@@ -398,12 +402,13 @@ class Communicator:
             for i in indices:
                 n = leaves[i].numel()
                 value = flat[start: start + n].reshape(leaves[i].shape).to(leaves[i].device, dtype)
-                out[i] = self._finish(value, reduction, scale, self.ctx.world_size)
+                out[i] = self._finish(value, reduction=reduction, scale=scale,
+                                      world=self.ctx.world_size)
                 start += n
         return [t for t in out if t is not None]
 
     @staticmethod
-    def _finish(tensor: torch.Tensor, reduction: str, scale: float, world: int) -> torch.Tensor:
+    def _finish(tensor: torch.Tensor, *, reduction: str, scale: float, world: int) -> torch.Tensor:
         if reduction == "mean":
             tensor = tensor / world
         if scale != 1.0:
@@ -446,7 +451,7 @@ class Communicator:
                              f"{self.ctx.world_size - 1})")
 
     # -- padding ----------------------------------------------------------------------------
-    def pad_across_processes(self, data: Any, dim: int = 0, pad_index: int = 0,
+    def pad_across_processes(self, data: Any, *, dim: int = 0, pad_index: int = 0,
                              pad_first: bool = False) -> Any:
         """Pad every tensor along ``dim`` to the largest size that any rank has."""
         leaves, rebuild = _tree.flatten(data)
@@ -456,11 +461,11 @@ class Communicator:
                              dtype=torch.int64, device=self._comm_device)
         with self._collective("pad_across_processes", leaves):
             dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
-        return rebuild([_pad(t, dim, int(m), pad_index, pad_first)
+        return rebuild([_pad(t, dim=dim, size=int(m), value=pad_index, first=pad_first)
                         for t, m in zip(leaves, sizes.tolist(), strict=True)])
 
 
-def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
+def _unpack_uniform(leaves: list[torch.Tensor], *, shapes: list[tuple[int, ...]],
                     offsets: list[int], flat: torch.Tensor, world: int, row_bytes: int,
                     base: int) -> list[torch.Tensor]:
     """Every rank sent the same shapes: each leaf is a strided view of the gathered ``flat``
@@ -485,7 +490,7 @@ def _unpack_uniform(leaves: list[torch.Tensor], shapes: list[tuple[int, ...]],
     return out
 
 
-def _pad(tensor: torch.Tensor, dim: int, size: int, value: int, first: bool) -> torch.Tensor:
+def _pad(tensor: torch.Tensor, *, dim: int, size: int, value: int, first: bool) -> torch.Tensor:
     if not -tensor.dim() <= dim < tensor.dim() or tensor.shape[dim] >= size:
         return tensor
     shape = list(tensor.shape)

@@ -9,7 +9,7 @@ Example:
     >>> from accel.distributed.context import ProcessContext
     >>> ctx = ProcessContext(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
     ...                      device=torch.device("cpu"), backend="gloo", launcher="none")
-    >>> split_for_rank(ctx, [1, 2, 3], apply_padding=True)
+    >>> split_for_rank(ctx, inputs=[1, 2, 3], apply_padding=True)
     [3, 3]
 """
 
@@ -29,7 +29,7 @@ from .ops import Communicator
 __all__ = ["any_rank", "leader_first", "split_for_rank", "wait_for_key"]
 
 
-def wait_for_key(store: dist.Store, key: str, poll: float = 0.01, max_poll: float = 0.2) -> None:
+def wait_for_key(store: dist.Store, *, key: str, poll: float = 0.01, max_poll: float = 0.2) -> None:
     """Wait (without a deadline) until ``key`` exists in ``store``."""
     while not store.check([key]):
         time.sleep(poll)
@@ -44,7 +44,7 @@ def _wait_for_count(store: dist.Store, key: str, count: int) -> None:
 
 
 @contextlib.contextmanager
-def leader_first(ctx: ProcessContext, store: dist.Store | None,
+def leader_first(ctx: ProcessContext, *, store: dist.Store | None,
                  local: bool = False) -> Iterator[None]:
     """Run the block on the leader first, then on the other ranks.
 
@@ -63,7 +63,7 @@ def leader_first(ctx: ProcessContext, store: dist.Store | None,
     scope = f"s{block}/node{ctx.node_rank}" if local else f"s{block}/all"
     members = ctx.local_world_size if local else ctx.world_size
     if not leader:
-        wait_for_key(store, f"accel/first/{scope}/leader")
+        wait_for_key(store, key=f"accel/first/{scope}/leader")
     yield
     if leader:
         store.set(f"accel/first/{scope}/leader", "1")  # stored as the same bytes as b"1"
@@ -84,7 +84,7 @@ def _is_selectable(inputs: Any) -> bool:
         and not isinstance(inputs, (list, tuple, torch.Tensor, Mapping))
 
 
-def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False) -> Any:
+def split_for_rank(ctx: ProcessContext, *, inputs: Any, apply_padding: bool = False) -> Any:
     """This rank's contiguous share of a list, tuple, tensor, or dict of those.
 
     Shares differ by at most one item (earlier ranks get the extra ones). With
@@ -98,7 +98,8 @@ def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False
                              f"lengths {sorted(lengths)}; they must all have the same length")
         # Mapping itself declares no constructor arguments; dict and its subclasses take a dict.
         factory: Callable[[dict[Any, Any]], Any] = type(inputs)
-        return factory({k: split_for_rank(ctx, v, apply_padding) for k, v in inputs.items()})
+        return factory({k: split_for_rank(ctx, inputs=v, apply_padding=apply_padding)
+                        for k, v in inputs.items()})
     if _is_selectable(inputs):  # a Hugging Face datasets.Dataset: select rows, no copy
         n = len(inputs)
         start, end = _slice(n, ctx)
@@ -126,7 +127,7 @@ def split_for_rank(ctx: ProcessContext, inputs: Any, apply_padding: bool = False
     return inputs[start:end] + type(inputs)(list(inputs[-1:]) * missing)
 
 
-def any_rank(comm: Communicator, flag: bool) -> bool:
+def any_rank(comm: Communicator, *, flag: bool) -> bool:
     """True on every rank when ``flag`` is true on at least one (one small all-reduce)."""
     value = torch.tensor([1.0 if flag else 0.0], device=comm.ctx.device)
     return bool(comm.reduce(value, "max")[0] > 0)

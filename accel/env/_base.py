@@ -71,7 +71,7 @@ def int_variable(environ: Mapping[str, str], name: str, minimum: int | None = No
     """The integer in ``environ[name]``; ``LaunchEnvironmentError`` naming the variable if not."""
     raw = environ[name]
     try:
-        value = parse_int(raw, name)
+        value = parse_int(raw, name=name)
     except ValueError:
         raise LaunchEnvironmentError(
             f"environment variable {name}={raw!r} is not an integer; unset it or fix the launcher"
@@ -92,10 +92,10 @@ def seconds_variable(environ: Mapping[str, str], name: str) -> float | None:
     if raw == "":
         return None
     try:
-        parse_float(raw, name)
+        parse_float(raw, name=name)
     except ValueError:
         raise LaunchEnvironmentError(f"{name}={raw!r} is not a number of seconds") from None
     try:
-        return parse_float(raw, name, above=0)
+        return parse_float(raw, name=name, above=0)
     except ValueError:
         raise LaunchEnvironmentError(f"{name}={raw!r} must be > 0") from None

@@ -51,7 +51,7 @@ class LaunchInfo:
         return max(1, -(-self.world_size // max(1, self.local_world_size)))
 
 
-def _check(launcher: str, rank: int, world: int, local_rank: int, local_world: int) -> None:
+def _check(launcher: str, *, rank: int, world: int, local_rank: int, local_world: int) -> None:
     if world < 1:
         raise LaunchEnvironmentError(f"{launcher}: world size is {world}; it must be >= 1")
     if not 0 <= rank < world:
@@ -78,7 +78,7 @@ def _port_from_job_id(job_id: str | None) -> int:
 
 
 def _rendezvous(
-    environ: Mapping[str, str], launcher: str, multi_node: bool, default_host: str | None,
+    environ: Mapping[str, str], *, launcher: str, multi_node: bool, default_host: str | None,
     job_id: str | None,
 ) -> tuple[str, int]:
     addr = environ.get("MASTER_ADDR") or default_host
@@ -114,13 +114,14 @@ def _from_torchrun(environ: Mapping[str, str]) -> LaunchInfo | None:
     local_world = optional_int(environ, "LOCAL_WORLD_SIZE")
     local_rank = rank if local_rank is None else local_rank
     local_world = world if local_world is None else local_world
-    _check("torchrun", rank, world, local_rank, local_world)
+    _check("torchrun", rank=rank, world=world, local_rank=local_rank, local_world=local_world)
     if world > 1 and "MASTER_ADDR" not in environ:
         raise LaunchEnvironmentError(
             f"RANK/WORLD_SIZE say rank {rank} of {world} but MASTER_ADDR is not set; set "
             "MASTER_ADDR and MASTER_PORT, or start the job with torchrun / `accel launch`"
         )
-    addr, port = _rendezvous(environ, "torchrun", False, None, None)
+    addr, port = _rendezvous(environ, launcher="torchrun", multi_node=False, default_host=None,
+                             job_id=None)
     node = optional_int(environ, "GROUP_RANK")
     return LaunchInfo(
         launcher="torchrun", rank=rank, local_rank=local_rank, world_size=world,
@@ -167,10 +168,11 @@ def _from_mpi(environ: Mapping[str, str]) -> LaunchInfo | None:
                                   node_rank=slurm.node_rank, master_addr=slurm.master_addr,
                                   master_port=slurm.master_port)
             local_rank, local_world = rank, world
-        _check(name, rank, world, local_rank, local_world)
+        _check(name, rank=rank, world=world, local_rank=local_rank, local_world=local_world)
         multi = local_world < world
         job_id = next((environ[v] for v in job_vars if environ.get(v)), None)
-        addr, port = _rendezvous(environ, name, multi, None, job_id)
+        addr, port = _rendezvous(environ, launcher=name, multi_node=multi, default_host=None,
+                                 job_id=job_id)
         return LaunchInfo(launcher=name, rank=rank, local_rank=local_rank, world_size=world,
                           local_world_size=local_world, node_rank=rank // max(local_world, 1),
                           master_addr=addr, master_port=port)
@@ -249,7 +251,7 @@ def _from_slurm(environ: Mapping[str, str]) -> LaunchInfo | None:
     local_rank = optional_int(environ, "SLURM_LOCALID")
     local_world = _slurm_local_world(environ, node_id, world)
     local_rank = rank if local_rank is None else local_rank
-    _check("slurm", rank, world, local_rank, local_world)
+    _check("slurm", rank=rank, world=world, local_rank=local_rank, local_world=local_world)
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or \
         environ.get("SLURM_NODELIST")
     nnodes = optional_int(environ, "SLURM_STEP_NUM_NODES") or \
@@ -259,7 +261,8 @@ def _from_slurm(environ: Mapping[str, str]) -> LaunchInfo | None:
     first = expand_nodelist(nodelist)[0] if nodelist and multi and \
         not environ.get("MASTER_ADDR") else None
     job_id = environ.get("SLURM_JOB_ID", "") + "." + environ.get("SLURM_STEP_ID", "")
-    addr, port = _rendezvous(environ, "slurm", multi, first if multi else None, job_id)
+    addr, port = _rendezvous(environ, launcher="slurm", multi_node=multi,
+                             default_host=first if multi else None, job_id=job_id)
     return LaunchInfo(launcher="slurm", rank=rank, local_rank=local_rank, world_size=world,
                       local_world_size=local_world, node_rank=node_id, master_addr=addr,
                       master_port=port)

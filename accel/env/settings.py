@@ -152,7 +152,7 @@ def _one(environ: Mapping[str, str], name: str) -> bool:
 def _switch(environ: Mapping[str, str], name: str) -> bool:
     """A validated boolean (1/0, true/false, yes/no, on/off); unset or empty is False."""
     try:
-        return parse_bool(environ.get(name, ""), name, empty=False)
+        return parse_bool(environ.get(name, ""), name=name, empty=False)
     except ValueError as exc:
         raise LaunchEnvironmentError(f"{exc}; unset it or fix the launcher") from None
 
@@ -178,7 +178,7 @@ def sync_batchnorm_mode(raw: str, name: str = "ACCEL_SYNC_BATCHNORM") -> str | N
     if text == "local":
         return "node"
     try:
-        return "global" if parse_bool(text, name, empty=False) else "off"
+        return "global" if parse_bool(text, name=name, empty=False) else "off"
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a SyncBatchNorm mode; use global, node or "
                          "false") from None
@@ -197,7 +197,7 @@ def _choice(choices: tuple[str, ...], what: str) -> Callable[[Mapping[str, str],
         if raw.strip() == "":
             return None
         try:
-            return parse_choice(raw, name, choices, what=what)
+            return parse_choice(raw, name=name, choices=choices, what=what)
         except ValueError as exc:
             raise LaunchEnvironmentError(str(exc)) from None
     return read

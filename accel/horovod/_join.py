@@ -195,20 +195,20 @@ def mirror(desc: list[Any], *, scope: Scope, set_id: int, followers: _Followers)
     elif kind == "allgather_object":
         dist.all_gather_object([None] * size, None, group=group)
     elif kind == "alltoall":
-        _alltoall(_dtype(args[0]), tuple(args[1]), group=group, size=size, wire=wire)
+        _alltoall(_dtype(args[0]), trailing=tuple(args[1]), group=group, size=size, wire=wire)
     else:
-        for work in _tensor_ops(kind, args, group=group, size=size, wire=wire):
+        for work in _tensor_ops(kind, args=args, group=group, size=size, wire=wire):
             work.wait()
 
 
-def _tensor_ops(kind: str, args: list[Any], *, group: Any, size: int,
+def _tensor_ops(kind: str, *, args: list[Any], group: Any, size: int,
                 wire: torch.device) -> list[Any]:
     """Start the collectives of an allreduce, broadcast, Adasum or reducescatter."""
     works: list[Any] = []
     if kind == "allreduce":
         op, sizes = args
         for name, numel in sizes:
-            works.append(dist.all_reduce(_neutral(op, _dtype(name), numel, wire),
+            works.append(dist.all_reduce(_neutral(op, dtype=_dtype(name), numel=numel, wire=wire),
                                          op=torch_op(op), group=group, async_op=True))
     elif kind == "broadcast":
         root, sizes = args
@@ -236,7 +236,7 @@ def _tensor_ops(kind: str, args: list[Any], *, group: Any, size: int,
     return works
 
 
-def _alltoall(dtype: torch.dtype, trailing: tuple[int, ...], *, group: Any, size: int,
+def _alltoall(dtype: torch.dtype, *, trailing: tuple[int, ...], group: Any, size: int,
               wire: torch.device) -> None:
     """An alltoall's two exchanges (split sizes, then rows), sending nothing."""
     received = torch.empty(size, dtype=torch.int64, device=wire)
@@ -249,7 +249,7 @@ def _alltoall(dtype: torch.dtype, trailing: tuple[int, ...], *, group: Any, size
                            group=group)
 
 
-def _neutral(op: int, dtype: torch.dtype, numel: int, wire: torch.device) -> torch.Tensor:
+def _neutral(op: int, *, dtype: torch.dtype, numel: int, wire: torch.device) -> torch.Tensor:
     """What a joined rank adds to a reduction: zeros, or the op's neutral element for
     Min/Max/Product (so that a refused in-place reduction holds the others' result)."""
     value: float | int | bool = 0

@@ -124,7 +124,7 @@ class JoinState:
         return "/".join([self.prefix, str(generation), *map(str, parts)])
 
     # -- ranks that have not joined ---------------------------------------------------------
-    def begin(self, set_id: int, desc: tuple[Any, ...], *, what: str, refuse: int, why: str,
+    def begin(self, set_id: int, *, desc: tuple[Any, ...], what: str, refuse: int, why: str,
               complete: bool) -> Ticket:
         """Count and record one collective, just before it is issued."""
         with self._lock:
@@ -244,10 +244,10 @@ class JoinState:
                 if isinstance(exc, dist.DistStoreError) and "timeout" in str(exc).lower():
                     continue  # a day without a join: wait again
                 return  # the store is gone: the job is over
-            if not self._woken(store, generation, stop=woken == b"stop"):
+            if not self._woken(store, generation=generation, stop=woken == b"stop"):
                 return
 
-    def _woken(self, store: dist.Store, generation: int, *, stop: bool) -> bool:
+    def _woken(self, store: dist.Store, *, generation: int, stop: bool) -> bool:
         """A rank joined (or ``stop``): publish what is in flight; False to stop watching."""
         with self._lock:
             if self._stopping or stop:
@@ -326,7 +326,7 @@ def joins_of(session: Session) -> JoinState | None:
     return state if isinstance(state, JoinState) else None
 
 
-def begin(scope: Where, desc: tuple[Any, ...], *, what: str, op: int | None = None,
+def begin(scope: Where, *, desc: tuple[Any, ...], what: str, op: int | None = None,
           root: int | None = None) -> Ticket | None:
     """Count one collective of ``scope`` just before it is issued (None: nothing to count).
 
@@ -335,7 +335,7 @@ def begin(scope: Where, desc: tuple[Any, ...], *, what: str, op: int | None = No
     state = scope.session.extras.get(_EXTRAS)
     if state is None or not scope.distributed:
         return None
-    refuse, why = refusal(scope.set_id, desc[0], op=op, root=root)
+    refuse, why = refusal(scope.set_id, kind=desc[0], op=op, root=root)
     ticket: Ticket = state.begin(scope.set_id, desc, what=what, refuse=refuse, why=why,
                                  complete=root is None and desc[0] != "add_process_set")
     return ticket
@@ -353,7 +353,7 @@ _LATER = ("call it before any rank calls hvd.join(), or make every rank reach it
           "on the number of steps first with hvd.allreduce(torch.tensor(steps), op=hvd.Min))")
 
 
-def refusal(set_id: int, kind: str, *, op: int | None = None,
+def refusal(set_id: int, *, kind: str, op: int | None = None,
             root: int | None = None) -> tuple[int, str]:
     """``(refuse, why)`` for a collective: when it is refused while ranks have joined."""
     if root is not None:  # a broadcast: joined ranks receive

@@ -80,7 +80,7 @@ def scope_of(process_set: ProcessSet | None) -> Scope:
                  set_id=process_set.process_set_id or 0)
 
 
-def resolve_op(op: int | None, average: bool | None, what: str) -> int:
+def resolve_op(op: int | None, *, average: bool | None, what: str) -> int:
     """Horovod's rules: ``op`` wins; ``average=`` alone is the deprecated spelling (warned
     once per session); neither means ``Average``."""
     if op is not None:
@@ -121,7 +121,7 @@ def needs_grad(tensor: torch.Tensor) -> bool:
     return tensor.requires_grad and torch.is_grad_enabled()
 
 
-def on_wire(tensor: torch.Tensor, wire: torch.device, copy: bool) -> torch.Tensor:
+def on_wire(tensor: torch.Tensor, *, wire: torch.device, copy: bool) -> torch.Tensor:
     """A detached, contiguous tensor on ``wire``: a new one when ``copy``, otherwise the same
     storage where possible."""
     source = tensor.detach()

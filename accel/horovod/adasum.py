@@ -61,7 +61,7 @@ def adasum_combine(rows: torch.Tensor) -> torch.Tensor:
     return level[0].to(rows.dtype)
 
 
-def _check(scope: Scope, tensors: Sequence[torch.Tensor], groups: int, unit: str,
+def _check(scope: Scope, *, tensors: Sequence[torch.Tensor], groups: int, unit: str,
            what: str) -> None:
     if scope.ranks != tuple(range(scope.session.context.world_size)):
         raise NotImplementedError(f"hvd.{what}(op=hvd.Adasum): Adasum runs on the global "
@@ -78,7 +78,7 @@ def _check(scope: Scope, tensors: Sequence[torch.Tensor], groups: int, unit: str
                              f"{tensor.dtype}; use op=hvd.Sum for integer tensors")
 
 
-def adasum_reduce(tensors: Sequence[torch.Tensor], scope: Scope, prescale: float,
+def adasum_reduce(tensors: Sequence[torch.Tensor], *, scope: Scope, prescale: float,
                   postscale: float, what: str) -> list[torch.Tensor]:
     """Adasum of each tensor over the job's ranks (new tensors, on each tensor's device)."""
     ctx = scope.session.context
@@ -86,15 +86,15 @@ def adasum_reduce(tensors: Sequence[torch.Tensor], scope: Scope, prescale: float
     if scope.size % per_node:
         raise NotImplementedError(f"hvd.{what}(op=hvd.Adasum) on GPUs needs every machine to "
                                   "run the same number of processes, as in Horovod")
-    _check(scope, tensors, scope.size // per_node,
-           "machines" if ctx.backend == "nccl" else "ranks", what)
+    _check(scope, tensors=tensors, groups=scope.size // per_node,
+           unit="machines" if ctx.backend == "nccl" else "ranks", what=what)
     out: list[torch.Tensor | None] = [None] * len(tensors)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
     sizes = tuple((dtype, sum(tensors[i].numel() for i in indices))
                   for dtype, indices in by_dtype.items())
-    ticket = begin(scope, ("adasum", sizes), what=what)  # joined ranks send zeros: neutral
+    ticket = begin(scope, desc=("adasum", sizes), what=what)  # joined ranks send zeros: neutral
     for indices in by_dtype.values():
         flat = torch.cat([tensors[i].detach().reshape(-1).to(scope.wire) for i in indices])
         scale_(flat, prescale)

@@ -146,7 +146,7 @@ class Reducer:
         for bucket in self.buckets:
             for p in bucket.params:
                 self.bucket_of[p] = bucket
-        self.refuse = refusal(self.set_id, "allreduce", op=self.op)
+        self.refuse = refusal(self.set_id, kind="allreduce", op=self.op)
         self.reset(self.passes)
 
     def reset(self, passes: int) -> None:
@@ -209,7 +209,7 @@ class Reducer:
                 flat = flat.mul_(1.0 / self.predivide)
             sent, ctx = self.compression.compress(flat)
             ticket = None if self.joins is None else self.joins.begin(
-                self.set_id, ("allreduce", self.op, ((sent.dtype, sent.numel()),)),
+                self.set_id, desc=("allreduce", self.op, ((sent.dtype, sent.numel()),)),
                 what="DistributedOptimizer.step", refuse=self.refuse[0], why=self.refuse[1],
                 complete=True)
             work = dist.all_reduce(sent, op=_TORCH_OPS[self.op], group=self.group,
@@ -227,7 +227,8 @@ class Reducer:
         for bucket in self.buckets:
             if bucket.flight is not None:
                 try:
-                    self._write_back(bucket, *bucket.flight)
+                    work, sent, ctx, ticket = bucket.flight
+                    self._write_back(bucket, work=work, sent=sent, ctx=ctx, ticket=ticket)
                 except HorovodInternalError as exc:
                     refused = refused or exc
                 bucket.flight = None
@@ -235,7 +236,7 @@ class Reducer:
         if refused is not None:
             raise refused
 
-    def _write_back(self, bucket: Bucket, work: Any, sent: torch.Tensor, ctx: Any,
+    def _write_back(self, bucket: Bucket, *, work: Any, sent: torch.Tensor, ctx: Any,
                     ticket: Ticket | None) -> None:
         """Wait for the bucket, then copy (and scale, for Average) its slices into ``.grad``."""
         work.wait()

@@ -70,7 +70,7 @@ def _gather(tensors: Sequence[torch.Tensor], process_set: ProcessSet,
     leaves = [t.detach().reshape(1) if t.dim() == 0 else t.detach() for t in tensors]
     if not scope.distributed:
         return [t.clone() for t in leaves]
-    ticket = begin(scope, ("allgather", tuple((t.dtype, t.shape[1:]) for t in leaves)),
+    ticket = begin(scope, desc=("allgather", tuple((t.dtype, t.shape[1:]) for t in leaves)),
                    what=what)
     out: list[torch.Tensor] = scope.session.comm.gather(leaves, group=scope.group)
     done(scope, ticket)
@@ -172,12 +172,12 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     if not scope.distributed:
         result = (source.clone(), torch.tensor(sent, dtype=split_dtype))
         return submit([], lambda: result)
-    ticket = begin(scope, ("alltoall", source.dtype, source.shape[1:]), what="alltoall")
+    ticket = begin(scope, desc=("alltoall", source.dtype, source.shape[1:]), what="alltoall")
     counts = torch.tensor(sent, dtype=torch.int64, device=scope.wire)
     received_t = torch.empty_like(counts)
     dist.all_to_all_single(received_t, counts, group=scope.group)
     received = received_t.tolist()
-    wire_in = on_wire(source, scope.wire, copy=False)
+    wire_in = on_wire(source, wire=scope.wire, copy=False)
     out = wire_in.new_empty((sum(received),) + tuple(source.shape[1:]))
     work = dist.all_to_all_single(out, wire_in, output_split_sizes=received,
                                   input_split_sizes=sent, group=scope.group, async_op=True)
@@ -236,7 +236,7 @@ def _rows_of(rows: int, size: int, index: int) -> tuple[int, int]:
     return start, start + base + (1 if index < extra else 0)
 
 
-def _reducescatter_async(tensors: Sequence[torch.Tensor], op: int, process_set: ProcessSet,
+def _reducescatter_async(tensors: Sequence[torch.Tensor], *, op: int, process_set: ProcessSet,
                          prescale: float, postscale: float, single: bool) -> int:
     name_of(op)
     if op not in (Average, Sum):
@@ -248,12 +248,12 @@ def _reducescatter_async(tensors: Sequence[torch.Tensor], op: int, process_set: 
             raise ValueError("hvd.reducescatter needs tensors with at least one dimension")
     post = postscale / scope.size if op == Average else postscale
     index = scope.ranks.index(scope.rank)
-    ticket = begin(scope, ("reducescatter", tuple((t.dtype, t.shape) for t in tensors)),
+    ticket = begin(scope, desc=("reducescatter", tuple((t.dtype, t.shape) for t in tensors)),
                    what="reducescatter")
     works: list[Any] = []
     parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []  # (buf, out, src)
     for tensor in tensors:
-        buf = scale_(on_wire(tensor, scope.wire, copy=True), prescale)
+        buf = scale_(on_wire(tensor, wire=scope.wire, copy=True), prescale)
         rows = tensor.shape[0]
         if scope.distributed and rows % scope.size == 0:
             out = buf.new_empty((rows // scope.size,) + tuple(tensor.shape[1:]))
@@ -282,8 +282,9 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
                         process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of ``tensor`` (not modified); returns a handle."""
-    return _reducescatter_async([tensor], op, process_set, prescale_factor, postscale_factor,
-                                True)
+    return _reducescatter_async([tensor], op=op, process_set=process_set, prescale=prescale_factor,
+                                postscale=postscale_factor,
+                                single=True)
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -295,7 +296,8 @@ class _Reducescatter(torch.autograd.Function):
                 prescale: float, postscale: float) -> torch.Tensor:
         ctx.args = (op, process_set, prescale * postscale)
         result: torch.Tensor = synchronize(_reducescatter_async(
-            [tensor], op, process_set, prescale, postscale, True))
+            [tensor], op=op, process_set=process_set, prescale=prescale, postscale=postscale,
+            single=True))
         return result
 
     @staticmethod
@@ -318,8 +320,9 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
         out = _Reducescatter.apply(  # type: ignore[no-untyped-call]
             sent, op, process_set, prescale_factor, postscale_factor)
     else:
-        out = synchronize(_reducescatter_async([sent], op, process_set, prescale_factor,
-                                               postscale_factor, True))
+        out = synchronize(_reducescatter_async([sent], op=op, process_set=process_set,
+                                               prescale=prescale_factor,
+                                               postscale=postscale_factor, single=True))
     return compression.decompress(out, ctx)
 
 
@@ -329,8 +332,9 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of each tensor of a list; returns a handle."""
-    return _reducescatter_async(list(tensors), op, process_set, prescale_factor,
-                                postscale_factor, False)
+    return _reducescatter_async(list(tensors), op=op, process_set=process_set,
+                                prescale=prescale_factor,
+                                postscale=postscale_factor, single=False)
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -340,8 +344,9 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """``reducescatter`` of each tensor of a list; returns this rank's blocks."""
     packed = [compression.compress(t) for t in tensors]
-    outs = synchronize(_reducescatter_async([s for s, _ in packed], op, process_set,
-                                            prescale_factor, postscale_factor, False))
+    outs = synchronize(_reducescatter_async([s for s, _ in packed], op=op, process_set=process_set,
+                                            prescale=prescale_factor, postscale=postscale_factor,
+                                            single=False))
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, packed, strict=True)]
 
 
@@ -351,7 +356,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     scope = scope_of(process_set)
     if not scope.distributed:
         return
-    ticket = begin(scope, ("barrier",), what="barrier")
+    ticket = begin(scope, desc=("barrier",), what="barrier")
     barrier_of(scope.session, scope.group)
     done(scope, ticket)
 

@@ -51,7 +51,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     if not scope.distributed:
         return obj
     box = [obj if scope.rank == root else None]
-    ticket = begin(scope, ("broadcast_object", root), what="broadcast_object", root=root)
+    ticket = begin(scope, desc=("broadcast_object", root), what="broadcast_object", root=root)
     dist.broadcast_object_list(box, src=root, group=scope.group,
                                device=scope.wire)
     done(scope, ticket)
@@ -65,7 +65,7 @@ def allgather_object(obj: Any, name: str | None = None,
     if not scope.distributed:
         return [obj]
     out: list[Any] = [None] * scope.size
-    ticket = begin(scope, ("allgather_object",), what="allgather_object")
+    ticket = begin(scope, desc=("allgather_object",), what="allgather_object")
     dist.all_gather_object(out, obj, group=scope.group)
     done(scope, ticket)
     return out
@@ -91,8 +91,8 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
             raise ValueError(f"hvd.broadcast_parameters: {type(tensor).__name__} is not a "
                              "tensor; pass model.state_dict() or model.named_parameters()")
     scope = scope_of(global_process_set)
-    synchronize(broadcast_tensors_async(tensors, root_rank, scope, True,
-                                        "broadcast_parameters"))
+    synchronize(broadcast_tensors_async(tensors, root_rank=root_rank, scope=scope, inplace=True,
+                                        what="broadcast_parameters"))
 
 
 def _layout(state: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -134,8 +134,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                       else torch.empty(rest[0], dtype=rest[1]))
             state[pid][key] = tensor
             tensors.append(tensor)
-    synchronize(broadcast_tensors_async(tensors, root, scope, True,
-                                        "broadcast_optimizer_state"))
+    synchronize(broadcast_tensors_async(tensors, root_rank=root, scope=scope, inplace=True,
+                                        what="broadcast_optimizer_state"))
     if scope.rank == root:
         return
     if len(received["groups"]) != len(mine["param_groups"]):

@@ -46,7 +46,7 @@ __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "br
            "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_"]
 
 
-def _unflatten(tensors: Sequence[torch.Tensor], buffers: list[tuple[list[int], torch.Tensor]],
+def _unflatten(tensors: Sequence[torch.Tensor], *, buffers: list[tuple[list[int], torch.Tensor]],
                inplace: bool) -> list[torch.Tensor]:
     """Split each flat result buffer back into the tensors at its indices: copied into them
     (in place, unless the buffer already is the tensor) or as new tensors on their devices."""
@@ -68,7 +68,7 @@ def _unflatten(tensors: Sequence[torch.Tensor], buffers: list[tuple[list[int], t
 
 
 # -- allreduce ------------------------------------------------------------------------------
-def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: float,
+def _reduce_async(tensors: Sequence[torch.Tensor], *, op: int, prescale_factor: float,
                   postscale_factor: float, process_set: ProcessSet, inplace: bool,
                   what: str, single: bool = False) -> int:
     """All-reduce ``tensors`` with one collective per dtype; the handle's result is a list
@@ -78,7 +78,8 @@ def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: flo
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"hvd.{what} needs tensors, got {type(tensor).__name__}")
     if op == Adasum:
-        result = adasum_reduce(tensors, scope, prescale_factor, postscale_factor, what)
+        result = adasum_reduce(tensors, scope=scope, prescale=prescale_factor,
+                               postscale=postscale_factor, what=what)
         if inplace:
             with torch.no_grad():
                 for target, value in zip(tensors, result, strict=True):
@@ -89,12 +90,12 @@ def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: flo
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
-    ticket = begin(scope, ("allreduce", op, _sizes(tensors, by_dtype)), what=what, op=op)
+    ticket = begin(scope, desc=("allreduce", op, _sizes(tensors, by_dtype)), what=what, op=op)
     works: list[Any] = []
     buffers: list[tuple[list[int], torch.Tensor]] = []
     for indices in by_dtype.values():
         if len(indices) == 1:  # no concatenation: the tensor itself (in place) or one copy
-            buf = on_wire(tensors[indices[0]], scope.wire, copy=not inplace).view(-1)
+            buf = on_wire(tensors[indices[0]], wire=scope.wire, copy=not inplace).view(-1)
         else:
             buf = torch.cat([t.detach().reshape(-1).to(scope.wire)
                              for t in (tensors[i] for i in indices)])
@@ -108,7 +109,7 @@ def _reduce_async(tensors: Sequence[torch.Tensor], op: int, prescale_factor: flo
         done(scope, ticket)
         for _indices, buf in buffers:
             scale_(buf, post)
-        return _unflatten(tensors, buffers, inplace)
+        return _unflatten(tensors, buffers=buffers, inplace=inplace)
 
     return submit(works, (lambda: finish()[0]) if single else finish)
 
@@ -125,9 +126,10 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start reducing ``tensor`` over the set (not modified); returns a handle."""
-    op = resolve_op(op, average, "allreduce_async")
-    return _reduce_async([tensor], op, prescale_factor, postscale_factor, process_set,
-                                 False, "allreduce_async", single=True)
+    op = resolve_op(op, average=average, what="allreduce_async")
+    return _reduce_async([tensor], op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set,
+                                 inplace=False, what="allreduce_async", single=True)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -135,9 +137,10 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start reducing ``tensor`` in place; ``synchronize`` returns ``tensor``."""
-    op = resolve_op(op, average, "allreduce_async_")
-    return _reduce_async([tensor], op, prescale_factor, postscale_factor, process_set,
-                                 True, "allreduce_async_", single=True)
+    op = resolve_op(op, average=average, what="allreduce_async_")
+    return _reduce_async([tensor], op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set,
+                                 inplace=True, what="allreduce_async_", single=True)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -148,7 +151,8 @@ class _Allreduce(torch.autograd.Function):
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
         result: torch.Tensor = synchronize(_reduce_async(
-            [tensor], op, prescale, postscale, process_set, False, "allreduce", single=True))
+            [tensor], op=op, prescale_factor=prescale, postscale_factor=postscale,
+            process_set=process_set, inplace=False, what="allreduce", single=True))
         return result
 
     @staticmethod
@@ -168,14 +172,16 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     Differentiable: the gradient is reduced the same way. ``compression`` is applied around the
     collective (e.g. ``hvd.Compression.fp16`` sends float tensors as float16).
     """
-    op = resolve_op(op, average, "allreduce")
+    op = resolve_op(op, average=average, what="allreduce")
     sent, ctx = compression.compress(tensor)
     if needs_grad(sent):
         result = _Allreduce.apply(  # type: ignore[no-untyped-call]
             sent, op, prescale_factor, postscale_factor, process_set)
     else:  # no graph to record: skip autograd's bookkeeping (a metric average, a buffer)
-        result = synchronize(_reduce_async([sent], op, prescale_factor, postscale_factor,
-                                           process_set, False, "allreduce", single=True))
+        result = synchronize(_reduce_async([sent], op=op, prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor,
+                                           process_set=process_set, inplace=False, what="allreduce",
+                                           single=True))
     return compression.decompress(result, ctx)
 
 
@@ -194,9 +200,10 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a list of tensors (one collective per dtype); returns a handle."""
-    op = resolve_op(op, average, "grouped_allreduce_async")
-    return _reduce_async(list(tensors), op, prescale_factor, postscale_factor, process_set,
-                         False, "grouped_allreduce_async")
+    op = resolve_op(op, average=average, what="grouped_allreduce_async")
+    return _reduce_async(list(tensors), op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set,
+                         inplace=False, what="grouped_allreduce_async")
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -204,9 +211,10 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a list of tensors in place (one collective per dtype)."""
-    op = resolve_op(op, average, "grouped_allreduce_async_")
-    return _reduce_async(list(tensors), op, prescale_factor, postscale_factor, process_set,
-                         True, "grouped_allreduce_async_")
+    op = resolve_op(op, average=average, what="grouped_allreduce_async_")
+    return _reduce_async(list(tensors), op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set,
+                         inplace=True, what="grouped_allreduce_async_")
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -215,10 +223,11 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce a list of tensors (one collective per dtype); returns new tensors."""
-    op = resolve_op(op, average, "grouped_allreduce")
+    op = resolve_op(op, average=average, what="grouped_allreduce")
     packed = [compression.compress(t) for t in tensors]
-    handle = _reduce_async([sent for sent, _ in packed], op, prescale_factor,
-                           postscale_factor, process_set, False, "grouped_allreduce")
+    handle = _reduce_async([sent for sent, _ in packed], op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor, process_set=process_set,
+                           inplace=False, what="grouped_allreduce")
     reduced: list[torch.Tensor] = synchronize(handle)
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, packed, strict=True)]
 
@@ -234,19 +243,19 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 
 # -- broadcast ------------------------------------------------------------------------------
-def broadcast_tensors_async(tensors: Sequence[torch.Tensor], root_rank: int, scope: Scope,
+def broadcast_tensors_async(tensors: Sequence[torch.Tensor], *, root_rank: int, scope: Scope,
                             inplace: bool, what: str, single: bool = False) -> int:
     """Broadcast ``tensors`` from ``root_rank`` with one collective per dtype."""
     root = scope.root(root_rank, what)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
-    ticket = begin(scope, ("broadcast", root, _sizes(tensors, by_dtype)), what=what, root=root)
+    ticket = begin(scope, desc=("broadcast", root, _sizes(tensors, by_dtype)), what=what, root=root)
     works: list[Any] = []
     buffers: list[tuple[list[int], torch.Tensor]] = []
     for indices in by_dtype.values():
         if len(indices) == 1:
-            buf = on_wire(tensors[indices[0]], scope.wire, copy=not inplace).view(-1)
+            buf = on_wire(tensors[indices[0]], wire=scope.wire, copy=not inplace).view(-1)
         else:
             buf = torch.cat([tensors[i].detach().reshape(-1).to(scope.wire) for i in indices])
         if scope.distributed:
@@ -255,7 +264,7 @@ def broadcast_tensors_async(tensors: Sequence[torch.Tensor], root_rank: int, sco
 
     def finish() -> list[torch.Tensor]:
         done(scope, ticket)
-        return _unflatten(tensors, buffers, inplace)
+        return _unflatten(tensors, buffers=buffers, inplace=inplace)
 
     return submit(works, (lambda: finish()[0]) if single else finish)
 
@@ -263,21 +272,24 @@ def broadcast_tensors_async(tensors: Sequence[torch.Tensor], root_rank: int, sco
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start copying ``root_rank``'s ``tensor`` to every rank of the set (into a new tensor)."""
-    return broadcast_tensors_async([tensor], root_rank, scope_of(process_set), False,
-                                           "broadcast_async", single=True)
+    return broadcast_tensors_async([tensor], root_rank=root_rank, scope=scope_of(process_set),
+                                   inplace=False,
+                                           what="broadcast_async", single=True)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start copying ``root_rank``'s ``tensor`` into ``tensor`` on every rank of the set."""
-    return broadcast_tensors_async([tensor], root_rank, scope_of(process_set), True,
-                                           "broadcast_async_", single=True)
+    return broadcast_tensors_async([tensor], root_rank=root_rank, scope=scope_of(process_set),
+                                   inplace=True,
+                                           what="broadcast_async_", single=True)
 
 
 def _broadcast_copy(tensor: torch.Tensor, root_rank: int,
                     process_set: ProcessSet) -> torch.Tensor:
     result: torch.Tensor = synchronize(broadcast_tensors_async(
-        [tensor], root_rank, scope_of(process_set), False, "broadcast", single=True))
+        [tensor], root_rank=root_rank, scope=scope_of(process_set), inplace=False, what="broadcast",
+        single=True))
     return result
 
 

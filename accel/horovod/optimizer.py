@@ -169,7 +169,7 @@ def _check_groups(groups: Any) -> None:
                 grouped.add(id(p))
 
 
-def _check_args(op: int, predivide: float, passes: int, num_groups: int, groups: Any) -> Any:
+def _check_args(op: int, *, predivide: float, passes: int, num_groups: int, groups: Any) -> Any:
     name_of(op)
     if op == Adasum:
         raise ValueError("op=hvd.Adasum is not available in accel.horovod (torch.distributed has "
@@ -206,7 +206,7 @@ def _subclass_instance(optimizer: torch.optim.Optimizer) -> Any:
     return obj
 
 
-def _plan(opt: Any, params: list[torch.Tensor], groups: Any,
+def _plan(opt: Any, *, params: list[torch.Tensor], groups: Any,
           bucket_cap_mb: float) -> list[list[torch.Tensor]]:
     if groups is not None:
         return plan_by_groups(params, groups)
@@ -219,7 +219,7 @@ def _check_same_plan(plan: list[list[torch.Tensor]], names: dict[torch.Tensor, s
     """Every rank must send the same buckets in the same order, or the reductions mismatch."""
     mine = [[(names[p], tuple(p.shape), str(p.dtype)) for p in b] for b in plan]
     everyone: list[Any] = [None] * scope.size
-    ticket = begin(scope, ("allgather_object",), what="DistributedOptimizer")
+    ticket = begin(scope, desc=("allgather_object",), what="DistributedOptimizer")
     dist.all_gather_object(everyone, mine, group=scope.group)
     done(scope, ticket)
     for rank, theirs in enumerate(everyone):
@@ -230,7 +230,7 @@ def _check_same_plan(plan: list[list[torch.Tensor]], names: dict[torch.Tensor, s
                 "and optimizer on every rank")
 
 
-def _install(opt: Any, names: dict[torch.Tensor, str], compression: Any, groups: Any,
+def _install(opt: Any, *, names: dict[torch.Tensor, str], compression: Any, groups: Any,
              bucket_cap_mb: float) -> None:
     """Plan the buckets and register the gradient hooks (only when there is someone to talk to:
     Horovod skips the hooks in a one-process job)."""
@@ -243,7 +243,7 @@ def _install(opt: Any, names: dict[torch.Tensor, str], compression: Any, groups:
     if scope.size <= 1:
         return
     params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
-    plan = _plan(opt, params, groups, bucket_cap_mb)
+    plan = _plan(opt, params=params, groups=groups, bucket_cap_mb=bucket_cap_mb)
     _check_same_plan(plan, names, scope)
     reducer = Reducer(buckets=[Bucket(params=b) for b in plan], compression=compression, op=opt.op,
                       predivide=opt.gradient_predivide_factor, group=scope.group,
@@ -294,8 +294,9 @@ def DistributedOptimizer(
         sparse_as_dense: reduce sparse gradients as dense ones (else they are refused).
         process_set: the ranks to reduce over (default: all).
     """
-    groups = _check_args(op, gradient_predivide_factor, backward_passes_per_step, num_groups,
-                         groups)
+    groups = _check_args(op, predivide=gradient_predivide_factor, passes=backward_passes_per_step,
+                         num_groups=num_groups,
+                         groups=groups)
     names = _named(optimizer, named_parameters)
     opt = _subclass_instance(optimizer)
     opt.backward_passes_per_step = backward_passes_per_step
@@ -305,5 +306,5 @@ def DistributedOptimizer(
     opt._hvd_process_set = process_set
     opt._hvd_synchronized, opt._hvd_should_synchronize = False, True
     opt._compression = compression
-    _install(opt, names, compression, groups, bucket_cap_mb)
+    _install(opt, names=names, compression=compression, groups=groups, bucket_cap_mb=bucket_cap_mb)
     return opt

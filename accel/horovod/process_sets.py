@@ -129,7 +129,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     _check_new(session, process_set)
     joins = joins_of(session)
     if joins is not None:  # every rank creates the group: a joined rank too (never refused)
-        joins.begin(0, ("add_process_set", process_set.ranks), what="add_process_set",
+        joins.begin(0, desc=("add_process_set", process_set.ranks), what="add_process_set",
                     refuse=NEVER, why="", complete=False)
     return register(session, process_set, session.next_process_set_id())
 

@@ -67,7 +67,7 @@ def exec_target(target: str, args: Sequence[str]) -> None:
     os.execvp(target, [target, *args])
 
 
-def run_target(target: str, is_module: bool, args: Sequence[str]) -> None:
+def run_target(target: str, *, is_module: bool, args: Sequence[str]) -> None:
     """Run a script path or module as ``__main__`` with ``sys.argv = [target, *args]``."""
     sys.argv = [target, *args]
     if is_module:
@@ -87,7 +87,7 @@ def _record(exc: BaseException, code: int) -> None:
     rank, local_rank = worker_ranks()
     extra = {"rank": rank, "local_rank": local_rank}
     text = user_traceback(exc, internal=(__file__,))
-    recorded = write_error_file(exc, error_file(), extra, text)
+    recorded = write_error_file(exc, path=error_file(), extra=extra, traceback_text=text)
     sys.stdout.flush()
     if recorded:
         first = (str(exc).strip().splitlines() or [""])[0][:160]
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_layout()
         if kind == "exec":
             exec_target(target, args)
-        run_target(target, kind == "module", args)
+        run_target(target, is_module=kind == "module", args=args)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code in _SIGNAL_EXITS:  # e.g. Accelerator.on_signal's handler ran, then exited

@@ -63,10 +63,10 @@ def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 # The name is "": argparse prefixes the flag ("argument -n/--num_processes: must be ...").
-_positive = _argument(lambda text: parse_int(text, "", minimum=1))
-_non_negative = _argument(lambda text: parse_int(text, "", minimum=0))
-_port = _argument(lambda text: parse_int(text, "", minimum=0, maximum=65535, what="a port"))
-_seconds = _argument(lambda text: parse_float(text, "", above=0, what="a number of seconds"))
+_positive = _argument(lambda text: parse_int(text, name="", minimum=1))
+_non_negative = _argument(lambda text: parse_int(text, name="", minimum=0))
+_port = _argument(lambda text: parse_int(text, name="", minimum=0, maximum=65535, what="a port"))
+_seconds = _argument(lambda text: parse_float(text, name="", above=0, what="a number of seconds"))
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, *extra: str, **kwargs: Any) -> None:
@@ -328,7 +328,7 @@ def _launch(args: argparse.Namespace) -> int:
     config, config_note = _locate_config(args.config_file)
     flags, ps_layout, ps_sources = ps_flags({key: value for key, value in vars(args).items()
                                  if key not in ("command", "refused_flags")}, _is_local_address)
-    settings = resolve_settings(flags, None, config, gpu_count=core.gpu_count,
+    settings = resolve_settings(flags, environ=None, config=config, gpu_count=core.gpu_count,
                                 cpu_count=cpu_count(), run_id=uuid.uuid4().hex,
                                 is_local_address=_is_local_address, free_port=_free_port)
     if ps_sources:
@@ -354,7 +354,7 @@ def _launch(args: argparse.Namespace) -> int:
         from .preflight import preflight
 
         env.update(preflight(settings, None))
-    return run_torchrun(build_torchrun_argv(settings), env, settings.debug)
+    return run_torchrun(build_torchrun_argv(settings), env=env, debug=settings.debug)
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -377,19 +377,19 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # LAUNCH_LAZY_USES): the converter needs torch and the checkpoint storage
         from ..checkpoint.convert.command import run_command
 
-        return run_command(args.source, args.output, strict=args.strict,
+        return run_command(args.source, output=args.output, strict=args.strict,
                            overwrite=args.overwrite, as_json=args.as_json)
     if args.command == "merge-weights":
         # lazy, as above (LAUNCH_LAZY_USES): the merge needs torch and the checkpoint storage
         from ..checkpoint.sharded.command import run_merge
 
-        return run_merge(args.checkpoint, args.output, args.max_shard_size,
+        return run_merge(args.checkpoint, output=args.output, max_shard_size=args.max_shard_size,
                          progress=not args.no_progress)
     if args.command == "estimate-memory":
         # lazy, as above (LAUNCH_LAZY_USES): building a model needs torch
         from ..big_modeling.estimate import run_estimate
 
-        return run_estimate(args.model, args.dtypes, as_json=args.as_json)
+        return run_estimate(args.model, dtypes=args.dtypes, as_json=args.as_json)
     parser.print_help()
     return 0
 

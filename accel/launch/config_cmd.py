@@ -29,7 +29,7 @@ __all__ = ["ask_config", "default_values", "run_config"]
 _ATTEMPTS = 5
 
 
-def _ask(ask: Callable[[str], str], question: str, default: Any,
+def _ask(ask: Callable[[str], str], *, question: str, default: Any,
          parse: Callable[[str], Any]) -> Any:
     shown = "" if default is None else f" [{default}]"
     for _ in range(_ATTEMPTS):
@@ -52,22 +52,22 @@ _ANSWER = "the answer"
 
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    return lambda text: parse_int(text, _ANSWER, minimum=low, maximum=high)
+    return lambda text: parse_int(text, name=_ANSWER, minimum=low, maximum=high)
 
 
 def _yes_no(text: str) -> bool:
     short = {"y": "yes", "n": "no"}.get(text.strip().lower(), text)  # as terminals ask
-    return parse_bool(short, _ANSWER, hint="answer yes or no")
+    return parse_bool(short, name=_ANSWER, hint="answer yes or no")
 
 
 def _one_of(choices: Sequence[str]) -> Callable[[str], str]:
-    return lambda text: parse_choice(text, _ANSWER, choices)
+    return lambda text: parse_choice(text, name=_ANSWER, choices=choices)
 
 
 def _upper_choice(choices: Sequence[str]) -> Callable[[str], str]:
     """One of upper-case ``choices``, answered in any case."""
     lower = tuple(choice.lower() for choice in choices)
-    return lambda text: parse_choice(text, _ANSWER, lower).upper()
+    return lambda text: parse_choice(text, name=_ANSWER, choices=lower).upper()
 
 
 def _gpu_ids(per_machine: int) -> Callable[[str], str | None]:
@@ -89,22 +89,27 @@ def _nonempty(text: str) -> str:
 
 def ask_config(ask: Callable[[str], str], gpu_count: int) -> dict[str, Any]:
     """Ask the questions (machines, rank, address/port, CPU, processes, GPU ids, precision)."""
-    machines = _ask(ask, "How many machines will run the job", 1, _int_in(1))
+    machines = _ask(ask, question="How many machines will run the job", default=1, parse=_int_in(1))
     rank, ip, port = 0, None, None
     if machines > 1:
-        rank = _ask(ask, "Rank of this machine (0 = the main machine)", 0,
-                    _int_in(0, machines - 1))
-        ip = _ask(ask, "IP address of the main machine (rank 0)", None, _nonempty)
-        port = _ask(ask, "Rendezvous port on the main machine", 29500, _int_in(1, 65535))
-    use_cpu = _ask(ask, "Run on the CPU only (yes/no)", "no" if gpu_count else "yes", _yes_no)
+        rank = _ask(ask, question="Rank of this machine (0 = the main machine)", default=0,
+                    parse=_int_in(0, machines - 1))
+        ip = _ask(ask, question="IP address of the main machine (rank 0)", default=None,
+                  parse=_nonempty)
+        port = _ask(ask, question="Rendezvous port on the main machine", default=29500,
+                    parse=_int_in(1, 65535))
+    use_cpu = _ask(ask, question="Run on the CPU only (yes/no)",
+                   default="no" if gpu_count else "yes", parse=_yes_no)
     default_n = gpu_count * machines if gpu_count and not use_cpu else machines
-    processes = _ask(ask, "How many processes in total (all machines)", default_n, _int_in(1))
+    processes = _ask(ask, question="How many processes in total (all machines)", default=default_n,
+                     parse=_int_in(1))
     gpu_ids = None
     if not use_cpu:
-        gpu_ids = _ask(ask, "Which GPU ids (comma-separated, or all)", "all",
-                       _gpu_ids(-(-processes // machines)))
+        gpu_ids = _ask(ask, question="Which GPU ids (comma-separated, or all)", default="all",
+                       parse=_gpu_ids(-(-processes // machines)))
     fsdp = _ask_fsdp(ask) if processes > 1 else None
-    precision = _ask(ask, "Mixed precision (no/fp16/bf16)", "no", _one_of(("no", "fp16", "bf16")))
+    precision = _ask(ask, question="Mixed precision (no/fp16/bf16)", default="no",
+                     parse=_one_of(("no", "fp16", "bf16")))
     return config_to_yaml_dict(num_machines=machines, machine_rank=rank, main_process_ip=ip,
                                main_process_port=port, use_cpu=use_cpu, num_processes=processes,
                                gpu_ids=gpu_ids, mixed_precision=precision, fsdp=fsdp)
@@ -112,26 +117,31 @@ def ask_config(ask: Callable[[str], str], gpu_count: int) -> dict[str, Any]:
 
 def _ask_fsdp(ask: Callable[[str], str]) -> dict[str, Any] | None:
     """The ``fsdp_config`` block (Accelerate's FSDP2 keys), or None for DDP."""
-    if not _ask(ask, "Shard the model with FSDP2 instead of replicating it with DDP (yes/no)",
-                "no", _yes_no):
+    if not _ask(ask,
+                question="Shard the model with FSDP2 instead of replicating it with DDP (yes/no)",
+                default="no", parse=_yes_no):
         return None
     policies = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
     block: dict[str, Any] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": _ask(
-        ask, "Auto wrap policy (TRANSFORMER_BASED_WRAP/SIZE_BASED_WRAP/NO_WRAP)", policies[0],
-        _upper_choice(policies))}
+        ask, question="Auto wrap policy (TRANSFORMER_BASED_WRAP/SIZE_BASED_WRAP/NO_WRAP)",
+        default=policies[0],
+        parse=_upper_choice(policies))}
     if block["fsdp_auto_wrap_policy"] == policies[0]:
-        names = _ask(ask, "Layer classes to shard as units, comma-separated (empty: the "
-                     "model's _no_split_modules)", None, str.strip)
+        names = _ask(ask, question="Layer classes to shard as units, comma-separated (empty: the "
+                     "model's _no_split_modules)", default=None, parse=str.strip)
         if names:
             block["fsdp_transformer_layer_cls_to_wrap"] = names
     elif block["fsdp_auto_wrap_policy"] == policies[1]:
-        block["fsdp_min_num_params"] = _ask(ask, "Minimum parameters of a unit", 100_000_000,
-                                            _int_in(1))
+        block["fsdp_min_num_params"] = _ask(ask, question="Minimum parameters of a unit",
+                                            default=100_000_000,
+                                            parse=_int_in(1))
     block["fsdp_reshard_after_forward"] = _ask(
-        ask, "Free gathered parameters after forward (yes: ZeRO-3, no: ZeRO-2)", "yes", _yes_no)
+        ask, question="Free gathered parameters after forward (yes: ZeRO-3, no: ZeRO-2)",
+        default="yes", parse=_yes_no)
     block["fsdp_state_dict_type"] = _ask(
-        ask, "Checkpoints (SHARDED_STATE_DICT/FULL_STATE_DICT)", "SHARDED_STATE_DICT",
-        _upper_choice(("SHARDED_STATE_DICT", "FULL_STATE_DICT")))
+        ask, question="Checkpoints (SHARDED_STATE_DICT/FULL_STATE_DICT)",
+        default="SHARDED_STATE_DICT",
+        parse=_upper_choice(("SHARDED_STATE_DICT", "FULL_STATE_DICT")))
     return block
 
 

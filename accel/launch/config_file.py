@@ -210,9 +210,9 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
             if value is not None:
                 values[key] = value
         elif key in _NESTED and isinstance(value, Mapping):
-            ignored += _nested(_NESTED[key], key, value, values)
+            ignored += _nested(_NESTED[key], block=key, items=value, values=values)
         elif key in _FSDP_BLOCKS and dist_type == "FSDP" and isinstance(value, Mapping):
-            ignored += _nested(_FSDP_BLOCKS[key], key, value, values)
+            ignored += _nested(_FSDP_BLOCKS[key], block=key, items=value, values=values)
         elif key not in ("distributed_type", "use_cpu") and not _neutral(key, value) and \
                 _REFUSED_BLOCKS.get(dist_type) != key:
             ignored.append(str(key))
@@ -237,7 +237,7 @@ def parse_config(raw: Mapping[str, Any], path: str) -> ConfigFile:
                       unsupported=unsupported)
 
 
-def _nested(spec: tuple[str, tuple[str, ...]], block: str, items: Mapping[str, Any],
+def _nested(spec: tuple[str, tuple[str, ...]], *, block: str, items: Mapping[str, Any],
             values: dict[str, Any]) -> list[str]:
     """Copy a block's known keys (``dynamo_config: {backend: ...}`` is ``dynamo_backend``) into
     ``values``; returns the keys it does not know, as ``block.key``."""

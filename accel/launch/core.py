@@ -247,6 +247,8 @@ def extract_failures(failures: Mapping[Any, Any], now_ns: int | None = None) -> 
     out = []
     for rank, failure in failures.items():
         data = failure.error_file_data if isinstance(failure.error_file_data, Mapping) else None
-        out.append(failure_from_error_data(int(rank), int(failure.local_rank), int(failure.pid),
-                                           int(failure.exitcode), data, now))
+        out.append(failure_from_error_data(int(rank), local_rank=int(failure.local_rank),
+                                           pid=int(failure.pid),
+                                           exitcode=int(failure.exitcode), data=data,
+                                           fallback_time_ns=now))
     return out

@@ -181,7 +181,7 @@ def _check_uniform(placed: Sequence[tuple[Host, int]], total: int, source: str) 
                    f"{' or '.join(map(str, fits[:2]))}, or give every host the same slots")
 
 
-def _this_machine(placed: Sequence[tuple[Host, int]], hosts: Sequence[Host], source: str,
+def _this_machine(placed: Sequence[tuple[Host, int]], *, hosts: Sequence[Host], source: str,
                   is_local: Callable[[str], bool], rank: int | None) -> int:
     names = [host.name for host, _ in placed]
     if rank is not None:  # several listed hosts may be this machine (e.g. 127.0.0.x)
@@ -204,12 +204,13 @@ def _this_machine(placed: Sequence[tuple[Host, int]], hosts: Sequence[Host], sou
                    "name or address (as the other machines reach it)")
 
 
-def host_layout(hosts: Sequence[Host], total: int | None, source: str,
+def host_layout(hosts: Sequence[Host], *, total: int | None, source: str,
                 is_local: Callable[[str], bool], machine_rank: int | None = None) -> HostLayout:
     """Place ``total`` processes (None: one per slot) on ``hosts`` and find this machine.
 
     Example:
-        >>> layout = host_layout(parse_hosts("n1:2,n2:2"), None, "flag -H", lambda h: h == "n2")
+        >>> layout = host_layout(parse_hosts("n1:2,n2:2"), total=None, source="flag -H",
+        ...                      is_local=lambda h: h == "n2")
         >>> layout.machine_rank, layout.local_processes, layout.main_host, layout.total
         (1, 2, 'n1', 4)
     """
@@ -217,5 +218,5 @@ def host_layout(hosts: Sequence[Host], total: int | None, source: str,
     placed = assign(hosts, count)
     where = source.replace("flag ", "").replace("hostfile ", "--hostfile ")  # as typed
     _check_uniform(placed, count, where)
-    rank = _this_machine(placed, hosts, where, is_local, machine_rank)
+    rank = _this_machine(placed, hosts=hosts, source=where, is_local=is_local, rank=machine_rank)
     return HostLayout(hosts=tuple(placed), total=count, machine_rank=rank, source=source)

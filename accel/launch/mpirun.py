@@ -13,7 +13,8 @@ rank derives the same one from the MPI job id.
 Example:
     >>> from accel.launch.settings import LaunchSettings
     >>> s = LaunchSettings(script="t.py", num_processes=4, python="python")
-    >>> build_mpirun_argv(s, {"A": "1"}, "mpirun", OPENMPI, "hosts", "n1")[:8]
+    >>> build_mpirun_argv(s, env={"A": "1"}, app="mpirun", flavour=OPENMPI, hostfile="hosts",
+    ...                   master_addr="n1")[:8]
     ['mpirun', '--hostfile', 'hosts', '-n', '4', '--npernode', '4', '--bind-to']
 """
 
@@ -74,7 +75,7 @@ def first_host(hostfile: str) -> tuple[str, int]:
     return hosts[0].name, len(hosts)
 
 
-def build_mpirun_argv(settings: LaunchSettings, env: Mapping[str, str], app: str, flavour: str,
+def build_mpirun_argv(settings: LaunchSettings, *, env: Mapping[str, str], app: str, flavour: str,
                       hostfile: str, master_addr: str) -> list[str]:
     """The ``mpirun`` command line (a pure function): placement, the workers' environment
     (``-x`` for Open MPI, ``-genv`` for Hydra), then the worker command."""
@@ -108,6 +109,7 @@ def run_mpirun(settings: LaunchSettings, env: Mapping[str, str]) -> int:
     for warning in ignored_settings(settings):
         print(f"accel launch: warning: {warning}", file=sys.stderr)
     addr = settings.main_process_ip if settings.explicit("main_process_ip") else host
-    argv = build_mpirun_argv(settings, env, app, flavour, hostfile, addr)
+    argv = build_mpirun_argv(settings, env=env, app=app, flavour=flavour, hostfile=hostfile,
+                             master_addr=addr)
     apply(env)  # local ranks inherit them too
     return subprocess.call(argv)

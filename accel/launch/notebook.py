@@ -91,13 +91,14 @@ def _worker(function: Callable[..., Any], env: Mapping[str, str], parent: int | 
         except Exception as pickle_error:  # noqa: BLE001 - unpicklable: traceback text only
             payload = f"!{type(pickle_error).__name__}: {pickle_error}"
         extra = {"rank": worker_ranks()[0], "exception": payload}
-        write_error_file(exc, error_file(), extra, user_traceback(exc, internal=(__file__,)))
+        write_error_file(exc, path=error_file(), extra=extra, traceback_text=user_traceback(exc,
+                                                                                            internal=(__file__,)))
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(1) from None  # SystemExit: torchelastic's @record keeps our error file
 
 
-def _check_parent(cuda: bool = True, who: str = "notebook_launcher") -> None:
+def _check_parent(cuda: bool = True, *, who: str = "notebook_launcher") -> None:
     """Refuse to fork from a process whose state the workers cannot inherit safely."""
     import torch
     import torch.distributed as dist
@@ -149,7 +150,7 @@ def _raise_failure(exc: Any, who: str = "notebook_launcher") -> None:
     raise original from RemoteTraceback(header + root.traceback)
 
 
-def _rendezvous(master_addr: str, port: int | None, node_rank: int,
+def _rendezvous(master_addr: str, *, port: int | None, node_rank: int,
                 num_nodes: int, who: str = "notebook_launcher") -> Rendezvous:
     backend = default_backend(num_nodes)  # never a single-node static: no free port needed
     chosen = port or default_port(backend, num_nodes, free_port=lambda: 0)
@@ -160,8 +161,8 @@ def _rendezvous(master_addr: str, port: int | None, node_rank: int,
                       num_nodes=num_nodes, node_rank=node_rank)
 
 
-def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, spec: WorkerSpec,
-            *, master_addr: str, port: int | None, node_rank: int, num_nodes: int,
+def _launch(function: Callable[..., Any], *, args: Sequence[Any], nproc: int, spec: WorkerSpec,
+            master_addr: str, port: int | None, node_rank: int, num_nodes: int,
             max_restarts: int, monitor_interval: float, start_method: str = "fork",
             who: str = "notebook_launcher", report: Any = None) -> dict[int, Any]:
     """Run the workers with torchrun's agent in this thread; their return values by rank."""
@@ -172,7 +173,7 @@ def _launch(function: Callable[..., Any], args: Sequence[Any], nproc: int, spec:
         # A failed earlier launch leaves cyclic garbage that holds torchelastic's objects (its
         # store); collected in a forked worker instead of here, it kills the worker (SIGSEGV).
         gc.collect()
-    rdzv = _rendezvous(master_addr, port, node_rank, num_nodes, who)
+    rdzv = _rendezvous(master_addr, port=port, node_rank=node_rank, num_nodes=num_nodes, who=who)
     config = LaunchConfig(nproc_per_node=nproc, role="notebook", max_restarts=max_restarts,
                           monitor_interval=monitor_interval, start_method=start_method,
                           **rdzv.launch_config())
@@ -256,7 +257,8 @@ def notebook_launcher(
     spec = WorkerSpec(device="cuda" if gpus else "cpu", num_threads=_threads(nproc),
                       mixed_precision=precision if precision != "no" else None,
                       cuda_visible_devices=ids or None)
-    return _launch(function, args, nproc, spec, master_addr=master_addr, port=use_port,
+    return _launch(function, args=args, nproc=nproc, spec=spec, master_addr=master_addr,
+                   port=use_port,
                    node_rank=node_rank, num_nodes=num_nodes, max_restarts=max_restarts,
                    monitor_interval=monitor_interval).get(0)
 
@@ -274,5 +276,6 @@ def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (),
     _check_parent(cuda=False)  # the workers are CPU-only: CUDA state in the parent is harmless
     spec = WorkerSpec(device="cpu", num_threads=_threads(num_processes),
                       cuda_visible_devices="")  # hidden: the workers are CPU processes
-    return _launch(function, args, num_processes, spec, master_addr=LOOPBACK, port=None,
+    return _launch(function, args=args, nproc=num_processes, spec=spec, master_addr=LOOPBACK,
+                   port=None,
                    node_rank=0, num_nodes=1, max_restarts=0, monitor_interval=0.1).get(0)

@@ -92,7 +92,7 @@ def _check_host(ip: str, port: int) -> None:
                            "down, holds it; pass another --main_process_port") from None
 
 
-def _connect(ip: str, port: int, deadline: float, out: TextIO, rank: int) -> str:
+def _connect(ip: str, *, port: int, deadline: float, out: TextIO, rank: int) -> str:
     """Connect to ``ip:port`` until ``deadline``; returns the local address used."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     start, last_note, reason = time.monotonic(), time.monotonic(), ""
@@ -153,7 +153,7 @@ def connect_seconds(rdzv_conf: str) -> float:
         key, _, value = item.partition("=")
         if key.strip() == "join_timeout":
             try:
-                return parse_float(value, "join_timeout", above=0)
+                return parse_float(value, name="join_timeout", above=0)
             except ValueError:
                 raise CLIError(f"--rdzv_conf join_timeout={value.strip()!r} must be a number of "
                                "seconds > 0") from None
@@ -183,7 +183,8 @@ def preflight(settings: LaunchSettings, environ: Mapping[str, str] | None = None
             _check_host(ip, s.main_process_port)
         local, note = ip, f"hosting the rendezvous on {shown}:{s.main_process_port}"
     else:
-        local = _connect(ip, s.main_process_port, deadline, out, s.machine_rank)
+        local = _connect(ip, port=s.main_process_port, deadline=deadline, out=out,
+                         rank=s.machine_rank)
         _register(s, ip, deadline)
         note = f"machine rank 0 at {shown}:{s.main_process_port} reached from {local}"
     env: dict[str, str] = {}

@@ -46,7 +46,7 @@ def _hosts(text: str, flag: str) -> list[str]:
     return hosts
 
 
-def _set(flags: dict[str, Any], name: str, value: Any, why: str) -> None:
+def _set(flags: dict[str, Any], *, name: str, value: Any, why: str) -> None:
     given = flags.get(name)
     if given is not None and str(given) != str(value):
         raise CLIError(f"--{name} {given} contradicts {why} (which implies {value}); drop "
@@ -65,7 +65,8 @@ def _from_counts(flags: dict[str, Any]) -> str:
         raise CLIError(f"--server_num {servers} and --worker_num {workers} must both divide "
                        f"evenly over --num_machines {machines}; or list the hosts with "
                        "--servers/--workers")
-    _set(flags, "num_processes", servers + workers, f"--server_num {servers} + --worker_num "
+    _set(flags, name="num_processes", value=servers + workers,
+         why=f"--server_num {servers} + --worker_num "
          f"{workers}")
     return format_ps_layout(((servers // machines, workers // machines),) * machines)
 
@@ -80,23 +81,23 @@ def _from_lists(flags: dict[str, Any], is_local: Callable[[str], bool]) -> str:
     counts = tuple((servers.count(h), workers.count(h)) for h in machines)
     why = "--servers/--workers"
     for name, value in (("server_num", len(servers)), ("worker_num", len(workers))):
-        _set(flags, name, value, why)
+        _set(flags, name=name, value=value, why=why)
     if len({s + w for s, w in counts}) != 1:
         layout = dict(zip(machines, counts, strict=True))
         raise CLIError(f"--servers/--workers give the machines {layout} (servers, workers)"
                        "; torchrun needs the same number of processes on "
                        "every machine: list the hosts so that each runs as many")
-    _set(flags, "num_processes", len(servers) + len(workers), why)
+    _set(flags, name="num_processes", value=len(servers) + len(workers), why=why)
     if len(machines) > 1:
-        _set(flags, "num_machines", len(machines), why)
-        _set(flags, "main_process_ip", machines[0], why)
+        _set(flags, name="num_machines", value=len(machines), why=why)
+        _set(flags, name="main_process_ip", value=machines[0], why=why)
         if flags.get("machine_rank") is None:
             local = [i for i, host in enumerate(machines) if is_local(host)]
             if len(local) != 1:
                 raise CLIError(f"--servers/--workers: {len(local)} of the hosts "
                                f"{','.join(machines)} are this machine; say which with "
                                "--machine_rank")
-            _set(flags, "machine_rank", local[0], why)
+            _set(flags, name="machine_rank", value=local[0], why=why)
     return format_ps_layout(counts)
 
 

@@ -93,7 +93,7 @@ def user_traceback(exc: BaseException, internal: Sequence[str] = ()) -> str:
     return "".join(tb_module.format_exception(type(exc), exc, tb))
 
 
-def write_error_file(exc: BaseException, path: str | None, extra: Mapping[str, Any],
+def write_error_file(exc: BaseException, *, path: str | None, extra: Mapping[str, Any],
                      traceback_text: str | None = None) -> bool:
     """Write ``exc`` (with its traceback) in torchelastic's error-file format; False if no path."""
     if not path:
@@ -117,7 +117,7 @@ def write_error_file(exc: BaseException, path: str | None, extra: Mapping[str, A
     return True
 
 
-def failure_from_error_data(rank: int, local_rank: int, pid: int, exitcode: int,
+def failure_from_error_data(rank: int, *, local_rank: int, pid: int, exitcode: int,
                             data: Mapping[str, Any] | None, fallback_time_ns: int) -> Failure:
     """Build a ``Failure`` from an error file's JSON (``None``/empty when there was none)."""
     message = (data or {}).get("message")

@@ -6,8 +6,9 @@ Nothing here imports torch: the number of visible GPUs is passed in as a callabl
 called when the device choice needs it.
 
 Example:
-    >>> s = resolve_settings({"device": "cpu", "num_processes": 4, "script": "t.py"}, {},
-    ...                      None, gpu_count=lambda: 0, cpu_count=8, run_id="x")
+    >>> s = resolve_settings({"device": "cpu", "num_processes": 4, "script": "t.py"},
+    ...                      environ={}, config=None, gpu_count=lambda: 0, cpu_count=8,
+    ...                      run_id="x")
     >>> (s.num_processes, s.device, s.num_cpu_threads_per_process, s.sources["device"])
     (4, 'cpu', 2, 'flag --cpu')
 """
@@ -109,15 +110,15 @@ class LaunchSettings:
 
 
 def _int(minimum: int, maximum: int | None = None) -> _Parse:
-    return lambda value, what: parse_int(value, what, minimum=minimum, maximum=maximum)
+    return lambda value, what: parse_int(value, name=what, minimum=minimum, maximum=maximum)
 
 
 def _seconds(value: Any, name: str) -> float:
-    return parse_float(value, name, above=0, what="a number of seconds")
+    return parse_float(value, name=name, above=0, what="a number of seconds")
 
 
 def _bool(value: Any, what: str) -> bool:
-    return parse_bool(value, what, empty=False)
+    return parse_bool(value, name=what, empty=False)
 
 
 def _text(value: Any, what: str) -> str:
@@ -130,7 +131,8 @@ def _stripped(value: Any, what: str) -> str:
 
 def _device(value: Any, name: str) -> str:
     kind = str(value).split(":")[0]  # "cuda:1" names the kind cuda
-    return parse_choice(kind, name, _DEVICES, aliases={"gpu": "cuda"}, what="a device kind")
+    return parse_choice(kind, name=name, choices=_DEVICES, aliases={"gpu": "cuda"},
+                        what="a device kind")
 
 
 def _precision(value: Any, what: str) -> str:
@@ -152,23 +154,24 @@ class _Sources:
         #: settings given through another spelling (``-np``, ``--gpus``): name -> flag
         self.spelling: dict[str, str] = {}
 
-    def get(self, name: str, parse: _Parse, default: Any,
+    def get(self, name: str, *, parse: _Parse, default: Any,
             default_source: str = "default") -> Any:
         flag = self.spelling.get(name, f"--{name}") if name != "device" else self.device_flag
         if self.flags.get(name) is not None:
-            return self._take(name, parse, self.flags[name], f"flag {flag}", flag)
+            return self._take(name, parse=parse, raw=self.flags[name], source=f"flag {flag}",
+                              what=flag)
         found = launch_setting_source(name, self.environ)
         if found is not None:
             var, raw = found
-            return self._take(name, parse, raw, f"env {var}", var)
+            return self._take(name, parse=parse, raw=raw, source=f"env {var}", what=var)
         if self.config is not None and name in self.config.values:
             where = f"config {self.config.path}"
-            return self._take(name, parse, self.config.values[name], where,
-                              f"{name} in {self.config.path}")
+            return self._take(name, parse=parse, raw=self.config.values[name], source=where,
+                              what=f"{name} in {self.config.path}")
         self.sources[name] = default_source
         return default
 
-    def _take(self, name: str, parse: _Parse, raw: Any, source: str, what: str) -> Any:
+    def _take(self, name: str, *, parse: _Parse, raw: Any, source: str, what: str) -> Any:
         self.sources[name] = source
         try:
             return parse(raw, what)
@@ -211,24 +214,25 @@ def _host_list(src: _Sources, flags: Mapping[str, Any],
                            f"hosts; {flag} starts torchrun's agent on each listed host)")
     hosts, source = (parse_hosts(str(value)), "flag -H") if flag == "-H" else \
         (read_hostfile(str(value)), f"hostfile {value}")
-    total = src.get("num_processes", _int(1), None)
-    layout = host_layout(hosts, total, source, is_local, flags.get("machine_rank"))
+    total = src.get("num_processes", parse=_int(1), default=None)
+    layout = host_layout(hosts, total=total, source=source, is_local=is_local,
+                         machine_rank=flags.get("machine_rank"))
     if total is None:
         src.sources["num_processes"] = f"default (the slots of {source})"
     src.sources["hosts"] = source
     return layout
 
 
-def _machines(src: _Sources, flags: Mapping[str, Any], is_local: Callable[[str], bool],
+def _machines(src: _Sources, *, flags: Mapping[str, Any], is_local: Callable[[str], bool],
               layout: HostLayout | None) -> tuple[int, int, str | None]:
     """(num_machines, machine_rank, main_process_ip), with Paddle-style ``--ips`` sugar."""
     ips = [ip.strip() for ip in str(flags.get("ips") or "").split(",") if ip.strip()]
     if layout is not None:
         return _machines_of_hosts(src, flags, layout)
     if not ips:
-        machines = src.get("num_machines", _int(1), 1)
-        rank = src.get("machine_rank", _int(0), 0)
-        ip = src.get("main_process_ip", _stripped, None)
+        machines = src.get("num_machines", parse=_int(1), default=1)
+        rank = src.get("machine_rank", parse=_int(0), default=0)
+        ip = src.get("main_process_ip", parse=_stripped, default=None)
         return machines, rank, ip
     local = [index for index, ip in enumerate(ips) if is_local(ip)]
     if not local:
@@ -251,7 +255,7 @@ def _machines_of_hosts(src: _Sources, flags: Mapping[str, Any],
         checked: tuple[tuple[str, Any], ...] = (("num_machines", layout.num_machines),
                                                  ("main_process_ip", ip))
     else:  # one machine: the rendezvous stays on it (loopback unless --main_process_ip)
-        ip = src.get("main_process_ip", _stripped, None)
+        ip = src.get("main_process_ip", parse=_stripped, default=None)
         checked = (("num_machines", 1),)
     for name, value in checked:
         given = flags.get(name)
@@ -264,7 +268,7 @@ def _machines_of_hosts(src: _Sources, flags: Mapping[str, Any],
     return layout.num_machines, layout.machine_rank, ip
 
 
-def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
+def _processes(src: _Sources, *, device: str, gpu_ids: str | None, machines: int,
                gpu_count: Callable[[], int], layout: HostLayout | None) -> tuple[int, int]:
     """(total processes, processes on this machine)."""
     pool = len(gpu_ids.split(",")) if gpu_ids else (gpu_count() if device == "cuda" else 0)
@@ -275,7 +279,7 @@ def _processes(src: _Sources, device: str, gpu_ids: str | None, machines: int,
     if layout is not None:
         total, per_node = layout.total, layout.local_processes
     else:
-        total = int(src.get("num_processes", _int(1), default, why))
+        total = int(src.get("num_processes", parse=_int(1), default=default, default_source=why))
         if total % machines:
             raise CLIError(f"--num_processes {total} is the total over {machines} machines and "
                            f"must be a multiple of {machines}")
@@ -307,7 +311,7 @@ def _visible_for_workers(gpu_ids: str | None, environ: Mapping[str, str] | None,
 
 def _device_and_gpu_ids(src: _Sources, gpus: Callable[[], int],
                         warnings: list[str]) -> tuple[str, str | None]:
-    device = src.get("device", _device, None)
+    device = src.get("device", parse=_device, default=None)
     if device is None:
         count = gpus()
         device = "cuda" if count > 0 else "cpu"
@@ -315,7 +319,7 @@ def _device_and_gpu_ids(src: _Sources, gpus: Callable[[], int],
     elif device == "cuda" and gpus() == 0:
         raise CLIError(f"device cuda was requested ({src.sources['device']}) but no GPU is "
                        "visible; check the driver and CUDA_VISIBLE_DEVICES, or use --cpu")
-    gpu_ids = src.get("gpu_ids", parse_gpu_ids, None)
+    gpu_ids = src.get("gpu_ids", parse=parse_gpu_ids, default=None)
     if gpu_ids and device != "cuda":
         warnings.append(f"gpu_ids {gpu_ids} ({src.sources['gpu_ids']}) is ignored: the device "
                         f"is {device}")
@@ -323,7 +327,7 @@ def _device_and_gpu_ids(src: _Sources, gpus: Callable[[], int],
     return device, gpu_ids
 
 
-def _rendezvous(src: _Sources, machines: int, backend: str, ip: str | None, port: int | None,
+def _rendezvous(src: _Sources, *, machines: int, backend: str, ip: str | None, port: int | None,
                 free_port: Callable[[], int], warnings: list[str]) -> tuple[str, int]:
     if machines > 1:
         if not ip or not port:
@@ -340,7 +344,7 @@ def _rendezvous(src: _Sources, machines: int, backend: str, ip: str | None, port
 
 
 def _choice(choices: tuple[str, ...], what: str) -> _Parse:
-    return lambda value, name: parse_choice(value, name, choices, what=what)
+    return lambda value, name: parse_choice(value, name=name, choices=choices, what=what)
 
 
 _DYNAMO: tuple[tuple[str, _Parse], ...] = (
@@ -373,9 +377,9 @@ def _use_device_flag(src: _Sources, flags: Mapping[str, Any], config: ConfigFile
 
 
 def _threads(src: _Sources, cpu_count: int, per_node: int) -> int:
-    return int(src.get("num_cpu_threads_per_process", _int(1),
-                       default_threads(cpu_count, per_node),
-                       f"default ({cpu_count} cores / {per_node} processes)"))
+    return int(src.get("num_cpu_threads_per_process", parse=_int(1),
+                       default=default_threads(cpu_count, per_node),
+                       default_source=f"default ({cpu_count} cores / {per_node} processes)"))
 
 
 def _check_multi_gpu(src: _Sources, total: int) -> None:
@@ -398,12 +402,12 @@ def _split_endpoint(text: str) -> tuple[str, int]:
         raise CLIError(f"--rdzv_endpoint {text!r} is not HOST:PORT (e.g. 10.0.0.1:29500 or "
                        "[fd00::1]:29500)")
     try:
-        return host, parse_int(port, "the port of --rdzv_endpoint", minimum=0, maximum=65535)
+        return host, parse_int(port, name="the port of --rdzv_endpoint", minimum=0, maximum=65535)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
 
 
-def _endpoint(src: _Sources, text: str | None, ip: str | None,
+def _endpoint(src: _Sources, *, text: str | None, ip: str | None,
               port: int | None) -> tuple[str | None, int | None]:
     """``--rdzv_endpoint HOST:PORT`` sets the main process IP and port; a different IP or port
     from any other source is an error."""
@@ -418,14 +422,14 @@ def _endpoint(src: _Sources, text: str | None, ip: str | None,
     return host, number
 
 
-def _extras(src: _Sources, flags: Mapping[str, Any], device: str, warnings: list[str],
+def _extras(src: _Sources, *, flags: Mapping[str, Any], device: str, warnings: list[str],
             layout: tuple[int, int]) -> dict[str, Any]:
     """The settings that only travel to torchrun or the workers (affinity, dynamo, FSDP, ...);
     ``layout``: (total processes, machines)."""
     if flags.get("no_python") and flags.get("module"):
         raise CLIError("--module and --no_python cannot be used together (as in Accelerate): "
                        "-m runs a Python module, --no_python runs an executable")
-    affinity = src.get("enable_cpu_affinity", _bool, False)
+    affinity = src.get("enable_cpu_affinity", parse=_bool, default=False)
     if affinity and device != "cuda":
         warnings.append(f"enable_cpu_affinity ({src.sources['enable_cpu_affinity']}) is ignored: "
                         "it binds each worker to the CPUs of its GPU's NUMA node, and the device "
@@ -433,20 +437,22 @@ def _extras(src: _Sources, flags: Mapping[str, Any], device: str, warnings: list
         affinity = False
     # Accepted for Accelerate's sake: it chose --master-addr/port over --rdzv-endpoint, which
     # torchrun's static rendezvous treats alike; accel's rendezvous is the same either way.
-    src.get("same_network", _bool, False)
+    src.get("same_network", parse=_bool, default=False)
     dynamo = {name: value for name, parse in _DYNAMO
-              if (value := src.get(name, parse, None)) is not None}
-    hostfile = src.get("mpirun_hostfile", _stripped, None) or None
+              if (value := src.get(name, parse=parse, default=None)) is not None}
+    hostfile = src.get("mpirun_hostfile", parse=_stripped, default=None) or None
     if hostfile is not None and device != "cpu":
         raise CLIError(f"--mpirun_hostfile starts CPU processes with mpirun (as in Accelerate) "
                        f"but the device is {device} ({src.sources['device']}); add --cpu, or "
                        "drop --mpirun_hostfile to start GPU processes with torchrun's agent")
-    return {"no_python": bool(flags.get("no_python")), "role": src.get("role", _stripped, None),
+    return {"no_python": bool(flags.get("no_python")), "role": src.get("role", parse=_stripped,
+                                                                       default=None),
             "enable_cpu_affinity": affinity, "mpirun_hostfile": hostfile, "dynamo": dynamo,
-            **_sharding(src, device, *layout, warnings)}
+            **_sharding(src, device=device, total=layout[0], machines=layout[1],
+                        warnings=warnings)}
 
 
-def _sharding(src: _Sources, device: str, total: int, machines: int,
+def _sharding(src: _Sources, *, device: str, total: int, machines: int,
               warnings: list[str]) -> dict[str, Any]:
     """``use_fsdp`` and the ``fsdp`` settings (see ``accel.launch.sharding``)."""
     return resolve_fsdp(Lookup(get=src.get, sources=src.sources), device=device, total=total,
@@ -458,19 +464,31 @@ def _placement(src: _Sources, flags: Mapping[str, Any], is_local: Callable[[str]
                ) -> tuple[HostLayout | None, int, int, str | None, int | None]:
     """(host list, machines, machine rank, main process IP, port) from the flags."""
     layout = _host_list(src, flags, is_local)
-    machines, machine_rank, ip = _machines(src, flags, is_local, layout)
+    machines, machine_rank, ip = _machines(src, flags=flags, is_local=is_local, layout=layout)
     if machine_rank >= machines:
         raise CLIError(f"--machine_rank {machine_rank} must be < --num_machines {machines}")
-    port = src.get("main_process_port", _int(0, 65535), None)
+    port = src.get("main_process_port", parse=_int(0, 65535), default=None)
     if port is None and layout is not None and machines > 1:  # horovodrun takes no port
         port = default_port("static", machines, lambda: 0)
         src.sources["main_process_port"] = "default (torchrun's port)"
-    ip, port = _endpoint(src, flags.get("rdzv_endpoint"), ip, port)
+    ip, port = _endpoint(src, text=flags.get("rdzv_endpoint"), ip=ip, port=port)
     return layout, machines, machine_rank, ip, port
 
 
+#: Settings that are one value each: (name, parser, default).
+_SCALARS: tuple[tuple[str, _Parse, Any], ...] = (
+    ("mixed_precision", _precision, "no"), ("gradient_accumulation_steps", _int(1), 1),
+    ("max_restarts", _int(0), 0), ("monitor_interval", _seconds, 0.1),
+    ("rdzv_conf", _text, ""), ("tee", _text, None), ("log_dir", _text, None),
+    ("debug", _bool, False))
+
+
+def _scalars(src: _Sources) -> dict[str, Any]:
+    return {name: src.get(name, parse=parse, default=default) for name, parse, default in _SCALARS}
+
+
 def resolve_settings(
-    flags: Mapping[str, Any], environ: Mapping[str, str] | None, config: ConfigFile | None, *,
+    flags: Mapping[str, Any], *, environ: Mapping[str, str] | None, config: ConfigFile | None,
     gpu_count: Callable[[], int], cpu_count: int, run_id: str,
     is_local_address: Callable[[str], bool] = lambda ip: False,
     free_port: Callable[[], int] = lambda: 0,
@@ -500,29 +518,23 @@ def resolve_settings(
     layout, machines, machine_rank, ip, port = _placement(src, flags, is_local_address)
     device, gpu_ids = _device_and_gpu_ids(src, gpus, warnings)
     visible = _visible_for_workers(gpu_ids, environ, gpus)
-    total, per_node = _processes(src, device, gpu_ids, machines, gpus, layout)
+    total, per_node = _processes(src, device=device, gpu_ids=gpu_ids, machines=machines,
+                                 gpu_count=gpus, layout=layout)
     _check_multi_gpu(src, total)
     threads = _threads(src, cpu_count, per_node)
-    backend = src.get("rdzv_backend", _stripped, default_backend(machines))
-    extras = _extras(src, flags, device, warnings, (total, machines))
+    backend = src.get("rdzv_backend", parse=_stripped, default=default_backend(machines))
+    extras = _extras(src, flags=flags, device=device, warnings=warnings, layout=(total, machines))
     if extras["mpirun_hostfile"] is None:
-        ip, port = _rendezvous(src, machines, backend, ip, port, free_port, warnings)
+        ip, port = _rendezvous(src, machines=machines, backend=backend, ip=ip, port=port,
+                               free_port=free_port, warnings=warnings)
     return LaunchSettings(
         script=str(flags["script"]), module=bool(flags.get("module")),
         script_args=tuple(flags.get("script_args") or ()), num_processes=total,
         num_machines=machines, machine_rank=machine_rank, main_process_ip=ip or LOOPBACK,
         main_process_port=port or 0, device=device, gpu_ids=gpu_ids,
-        cuda_visible_devices=visible,
-        mixed_precision=src.get("mixed_precision", _precision, "no"),
-        gradient_accumulation_steps=src.get("gradient_accumulation_steps", _int(1), 1),
-        num_cpu_threads_per_process=threads,
-        max_restarts=src.get("max_restarts", _int(0), 0),
-        monitor_interval=src.get("monitor_interval", _seconds, 0.1),
-        rdzv_backend=backend, rdzv_conf=src.get("rdzv_conf", _text, ""),
-        rdzv_id=run_id if machines == 1 else MULTI_NODE_RUN_ID,
-        tee=src.get("tee", _text, None), log_dir=src.get("log_dir", _text, None),
-        debug=src.get("debug", _bool, False),
-        config_file=config.path if config is not None else None,
+        cuda_visible_devices=visible, num_cpu_threads_per_process=threads,
+        rdzv_backend=backend, rdzv_id=run_id if machines == 1 else MULTI_NODE_RUN_ID,
+        config_file=config.path if config is not None else None, **_scalars(src),
         python=str(flags.get("python") or sys.executable),
         hosts=layout.describe() if layout is not None else None,
         sources=dict(src.sources), warnings=tuple(warnings), **extras,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import warnings as _warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .._base.parse import parse_bool
 from ..config.fsdp import (
@@ -46,12 +46,17 @@ PARALLELISM_SETTINGS = tuple(LAUNCH_PARALLELISM)
 WORKER_SIZES = ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size")
 
 
+class _Get(Protocol):
+    def __call__(self, name: str, *, parse: Callable[[Any, str], Any], default: Any) -> Any: ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Lookup:
     """How settings are looked up (flag > environment > config file) and where each came from:
-    ``get(name, parse, default)`` and ``sources[name]`` ("flag --x", "env VAR", "config PATH")."""
+    ``get(name, parse=..., default=...)`` and ``sources[name]`` ("flag --x", "env VAR",
+    "config PATH")."""
 
-    get: Callable[[str, Callable[[Any, str], Any], Any], Any]
+    get: _Get
     sources: Mapping[str, str]
 
 
@@ -71,7 +76,7 @@ def setting_text(value: Any, what: str = "") -> str:
 
 
 def _bool(value: Any, what: str) -> bool:
-    return parse_bool(value, what, empty=False)
+    return parse_bool(value, name=what, empty=False)
 
 
 def _where(lookup: Lookup, name: str) -> str:
@@ -93,14 +98,14 @@ def resolve_fsdp(lookup: Lookup, *, device: str, total: int, machines: int,
         CLIError: a bad value (naming where it came from), mesh sizes that do not fit
             ``total`` processes, FSDP on XLA, on one process, or mesh sizes without FSDP.
     """
-    use = bool(lookup.get("use_fsdp", _bool, False))
+    use = bool(lookup.get("use_fsdp", parse=_bool, default=False))
     if use and device_flag in ("--multi_gpu", "--tpu") and \
             lookup.sources.get("use_fsdp", "").startswith("config"):
         use = False  # the device flag overrides the file's distributed_type
     values = {name: value for name in FSDP_SETTINGS
-              if (value := lookup.get(name, setting_text, None)) not in (None, "")}
+              if (value := lookup.get(name, parse=setting_text, default=None)) not in (None, "")}
     sizes = {name: value for name in PARALLELISM_SETTINGS
-             if (value := lookup.get(name, setting_text, None)) not in (None, "")}
+             if (value := lookup.get(name, parse=setting_text, default=None)) not in (None, "")}
     given = ", ".join(_where(lookup, name) for name in [*values, *sizes])
     if not use:
         if sizes:
@@ -113,14 +118,14 @@ def resolve_fsdp(lookup: Lookup, *, device: str, total: int, machines: int,
     if device == "xla":
         raise CLIError("--use_fsdp: FSDP runs on CPU and CUDA devices; on XLA drop --use_fsdp "
                        "(accel uses torch_xla's data parallelism)")
-    mesh = _validate(lookup, values, sizes, warnings)
-    _check_mesh(mesh, total, machines, given)
+    mesh = _validate(lookup, values=values, sizes=sizes, warnings=warnings)
+    _check_mesh(mesh, total=total, machines=machines, given=given)
     return {"use_fsdp": True,
             "fsdp": {**values, **{name: int(sizes[name]) for name in WORKER_SIZES
                                   if name in sizes}}}
 
 
-def _validate(lookup: Lookup, values: dict[str, str], sizes: dict[str, str],
+def _validate(lookup: Lookup, *, values: dict[str, str], sizes: dict[str, str],
               warnings: list[str]) -> ParallelismConfig | None:
     """Build the plugin and the mesh config (the launcher's warnings collect theirs)."""
     with _warnings.catch_warnings(record=True) as caught:
@@ -135,7 +140,7 @@ def _validate(lookup: Lookup, values: dict[str, str], sizes: dict[str, str],
     return mesh
 
 
-def _check_mesh(mesh: ParallelismConfig | None, total: int, machines: int, given: str) -> None:
+def _check_mesh(mesh: ParallelismConfig | None, *, total: int, machines: int, given: str) -> None:
     if mesh is None:  # one process runs too (FSDP2 on a one-device mesh; the script warns)
         return
     try:

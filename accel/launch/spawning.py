@@ -223,7 +223,7 @@ def _machines(ips: object) -> tuple[int, int, str]:
     return len(listed), local[0], listed[0]
 
 
-def _checked(func: Callable[..., Any], args: Iterable[Any], nprocs: int,
+def _checked(func: Callable[..., Any], *, args: Iterable[Any], nprocs: int,
              method: str) -> tuple[Any, ...]:
     if not callable(func):
         raise TypeError(f"spawn() needs a function to run in every process, got "
@@ -266,7 +266,7 @@ def spawn(func: Callable[..., Any], args: Iterable[Any] = (), nprocs: int = -1,
         one, ``ValueError``/``TypeError`` for bad arguments or options.
     """
     method, device = _check_options(options)
-    arguments = _checked(func, args, nprocs, method)
+    arguments = _checked(func, args=args, nprocs=nprocs, method=method)
     device, count = _device_and_nprocs(nprocs, device, _gpu_list(options))
     machines, node_rank, master = _machines(options.get("ips"))
     gpus = _gpu_list(options) if device == "cuda" else None
@@ -282,7 +282,7 @@ def spawn(func: Callable[..., Any], args: Iterable[Any] = (), nprocs: int = -1,
     context = SpawnContext(report, daemon)
 
     def launch() -> dict[int, Any]:
-        return _launch(func, arguments, count, spec, master_addr=master,
+        return _launch(func, args=arguments, nproc=count, spec=spec, master_addr=master,
                        port=options.get("started_port"), node_rank=node_rank,
                        num_nodes=machines, max_restarts=0, monitor_interval=0.1,
                        start_method=method, who="spawn", report=report)

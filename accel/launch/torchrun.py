@@ -106,7 +106,7 @@ def worker_env(settings: LaunchSettings) -> dict[str, str]:
     return worker_spec(settings).environment()
 
 
-def _quiet_torch_logs(debug: bool, roles: Mapping[int, str] | None) -> None:
+def _quiet_torch_logs(debug: bool, *, roles: Mapping[int, str] | None) -> None:
     """Replace torchelastic's per-worker ERROR lines by our report, and announce restarts with
     the root cause of the attempt being restarted (torchelastic logs neither)."""
     # Lazy (LAUNCH_LAZY_USES in tests/unit/test_architecture.py): the probe of torchelastic's
@@ -138,7 +138,7 @@ def _require_numa_binding() -> None:
                        f"{torch.__version__} does not have; upgrade PyTorch or drop the flag")
 
 
-def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -> int:
+def run_torchrun(argv: list[str], *, env: Mapping[str, str], debug: bool = False) -> int:
     """Run torchrun's agent in this process; print one ROOT CAUSE block on failure.
 
     Returns the exit code for ``accel launch``: 0, the root-cause rank's exit code (1 for a
@@ -155,7 +155,7 @@ def run_torchrun(argv: list[str], env: Mapping[str, str], debug: bool = False) -
     apply({**env, **agent_environment(os.getpid())})  # the agent's workers inherit them
     layout = env.get(PS_LAYOUT_VARIABLE)
     roles = rank_roles(layout) if layout else None  # servers and workers, named in reports
-    _quiet_torch_logs(debug, roles)
+    _quiet_torch_logs(debug, roles=roles)
     become_subreaper()
     try:
         torchrun.run(torchrun.parse_args(argv))

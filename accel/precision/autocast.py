@@ -22,7 +22,7 @@ def _to_fp32(data: Any) -> Any:
     # Outputs leave the autocast region in float32 so that losses computed outside it (and
     # metrics gathered from it) do not silently run in half precision.
     return _tree.apply(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t,
-                       data)
+                       data=data)
 
 
 class AutocastPrecision(Precision):

@@ -47,9 +47,9 @@ def pull(table: str, ids: torch.Tensor) -> torch.Tensor:
 
 
 @rpc_functions.async_execution  # type: ignore[untyped-decorator]
-def push(table: str, worker: int, seq: int, ids: torch.Tensor, grads: torch.Tensor
+def push(table: str, *, worker: int, seq: int, ids: torch.Tensor, grads: torch.Tensor
          ) -> torch.futures.Future[None]:
-    return _server().shard(table).push(worker, seq, ids, grads)
+    return _server().shard(table).push(worker, seq=seq, ids=ids, grads=grads)
 
 
 def add_delta(table: str, ids: torch.Tensor, delta: torch.Tensor) -> None:
@@ -65,7 +65,7 @@ def stats() -> dict[str, tuple[int, int]]:
     return {name: (s.pulled_rows, s.pushed_rows) for name, s in _server().shards.items()}
 
 
-def shard_file(root: str | Path, table: str, server: int, servers: int) -> Path:
+def shard_file(root: str | Path, *, table: str, server: int, servers: int) -> Path:
     """Where server ``server`` of ``servers`` keeps its rows of ``table`` in a checkpoint."""
     return Path(root) / "ps" / table / f"shard-{server:05d}-of-{servers:05d}.safetensors"
 
@@ -75,7 +75,7 @@ def save_shards(directory: str) -> list[str]:
     state = _server()
     written = []
     for name, shard in sorted(state.shards.items()):
-        path = shard_file(directory, name, state.server, state.servers)
+        path = shard_file(directory, table=name, server=state.server, servers=state.servers)
         save(shard.tensors(), path, metadata={"accel_ps_table": shard.config.to_json()})
         written.append(str(path))
     return written

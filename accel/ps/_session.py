@@ -100,10 +100,11 @@ class Session:
         if not self.is_server:  # servers wait for every worker: none may leave without a word
             atexit.register(self._stop_at_exit)
 
-    def call(self, server: int, fn: Callable[..., Any], *args: Any) -> torch.futures.Future[Any]:
-        """Run ``fn(*args)`` (a function of :mod:`accel.ps._remote`) on ``server``."""
+    def call(self, server: int, fn: Callable[..., Any], *args: Any,
+             **kwargs: Any) -> torch.futures.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` (a function of :mod:`accel.ps._remote`) on ``server``."""
         if self.local:
-            result = fn(*args)
+            result = fn(*args, **kwargs)
             if isinstance(result, torch.futures.Future):
                 return result
             done: torch.futures.Future[Any] = torch.futures.Future()
@@ -112,7 +113,8 @@ class Session:
         self.start_rpc()
         from torch.distributed import rpc
 
-        future: torch.futures.Future[Any] = rpc.rpc_async(server_name(server), fn, args=args)
+        future: torch.futures.Future[Any] = rpc.rpc_async(server_name(server), fn, args=args,
+                                                           kwargs=kwargs)
         return future
 
     def wait(self, server: int, future: torch.futures.Future[Any]) -> Any:

@@ -197,15 +197,15 @@ class ShardedEmbedding(nn.Module):
         # sync: every server hears from every worker each step (an empty push completes the
         # round); async: only the servers that own a row of the batch
         self._pending.append([
-            (s, self._ps.call(s, _remote.push, self.name, self._worker, seq, ids[mask],
-                                   grad[mask]))
+            (s, self._ps.call(s, _remote.push, self.name, worker=self._worker, seq=seq,
+                                   ids=ids[mask], grads=grad[mask]))
             for s, mask in self._by_server(ids) if self.mode == "sync" or bool(mask.any())])
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of the distinct ``ids``, as a leaf whose gradient goes to the servers."""
         train = self.training and torch.is_grad_enabled()
         if self.mode == "geo":
-            return self._geo_rows(ids, train)
+            return self._geo_rows(ids, train=train)
         self._before_pull()
         rows = self._pull(ids)
         if train:
@@ -214,7 +214,7 @@ class ShardedEmbedding(nn.Module):
                 lambda grad: self._push(ids, grad))
         return rows
 
-    def _geo_rows(self, ids: torch.Tensor, train: bool) -> torch.Tensor:
+    def _geo_rows(self, ids: torch.Tensor, *, train: bool) -> torch.Tensor:
         geo = self._geo
         missing = ids[~torch.isin(ids, geo.ids)]
         if len(missing):

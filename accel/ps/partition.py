@@ -15,7 +15,8 @@ Example:
     >>> part.owner(torch.tensor([0, 4, 8])).tolist(), part.rows(1)
     ([0, 1, 2], 3)
     >>> full = initial_weight(10, 2, seed=1, scale=0.1)
-    >>> bool(torch.equal(full[part.global_ids(1)], shard_initial(part, 1, 2, 1, 0.1)))
+    >>> mine = shard_initial(part, server=1, dim=2, seed=1, scale=0.1)
+    >>> bool(torch.equal(full[part.global_ids(1)], mine))
     True
 """
 
@@ -70,19 +71,20 @@ class Partition:
         return torch.arange(start, start + self.rows(server))
 
 
-def _block(index: int, rows: int, dim: int, seed: int, scale: float) -> torch.Tensor:
+def _block(index: int, *, rows: int, dim: int, seed: int, scale: float) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
     return torch.empty(rows, dim).uniform_(-scale, scale, generator=generator)
 
 
 def initial_weight(num_embeddings: int, dim: int, seed: int, scale: float) -> torch.Tensor:
     """The whole table as the servers initialise it (for a single-process reference)."""
-    blocks = [_block(i, min(INIT_BLOCK, num_embeddings - start), dim, seed, scale)
+    blocks = [_block(i, rows=min(INIT_BLOCK, num_embeddings - start), dim=dim, seed=seed,
+                     scale=scale)
               for i, start in enumerate(range(0, num_embeddings, INIT_BLOCK))]
     return torch.cat(blocks) if blocks else torch.empty(0, dim)
 
 
-def shard_initial(part: Partition, server: int, dim: int, seed: int,
+def shard_initial(part: Partition, *, server: int, dim: int, seed: int,
                   scale: float) -> torch.Tensor:
     """The initial rows of ``server``'s shard, drawing only the blocks that hold them."""
     ids = part.global_ids(server)
@@ -95,5 +97,5 @@ def shard_initial(part: Partition, server: int, dim: int, seed: int,
         rows = min(INIT_BLOCK, part.num_embeddings - start)
         mask = (ids >= start) & (ids < start + rows)
         if bool(mask.any()):
-            out[mask] = _block(index, rows, dim, seed, scale)[ids[mask] - start]
+            out[mask] = _block(index, rows=rows, dim=dim, seed=seed, scale=scale)[ids[mask] - start]
     return out

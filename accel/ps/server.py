@@ -22,8 +22,8 @@ Example:
     >>> cfg = TableConfig(name="t", num_embeddings=6, dim=2, optimizer=SGD(lr=1.0).config(),
     ...                   partition="hash", mode="sync", seed=0, init_scale=0.0, workers=2)
     >>> shard = Shard(cfg, server=0, servers=1)
-    >>> _ = shard.push(0, 0, torch.tensor([1]), torch.ones(1, 2))
-    >>> done = shard.push(1, 0, torch.tensor([1]), torch.ones(1, 2) * 3)
+    >>> _ = shard.push(0, seq=0, ids=torch.tensor([1]), grads=torch.ones(1, 2))
+    >>> done = shard.push(1, seq=0, ids=torch.tensor([1]), grads=torch.ones(1, 2) * 3)
     >>> shard.pull(torch.tensor([1])).tolist()
     [[-2.0, -2.0]]
 """
@@ -91,8 +91,8 @@ class Shard:
         self.partition = Partition(num_embeddings=config.num_embeddings, servers=servers,
                                    kind=config.partition)
         self.optimizer: SparseOptimizer = optimizer_from_config(config.optimizer)
-        self.weight = shard_initial(self.partition, server, config.dim, config.seed,
-                                    config.init_scale)
+        self.weight = shard_initial(self.partition, server=server, dim=config.dim, seed=config.seed,
+                                    scale=config.init_scale)
         self.state = self.optimizer.init_state(len(self.weight), config.dim)
         self.lock = threading.Lock()
         self._rounds: dict[int, _Round] = {}
@@ -127,7 +127,7 @@ class Shard:
         self.optimizer.apply(self.weight, self.state, rows, summed / self.config.workers)
         self.pushed_rows += len(ids)
 
-    def push(self, worker: int, seq: int, ids: torch.Tensor, grads: torch.Tensor
+    def push(self, worker: int, *, seq: int, ids: torch.Tensor, grads: torch.Tensor
              ) -> torch.futures.Future[None]:
         """A worker's gradient rows; the future completes once they are applied (``sync``:
         once every worker's push of round ``seq`` is applied)."""

@@ -185,7 +185,8 @@ def connect(args: Arguments) -> tuple[Options, Runtime]:
     options = _resolve_options(args, settings, handlers)
     # Resolve everything that can fail before touching process-wide state.
     timeout = _resolve_timeout(args.timeout, handlers.init, settings)
-    process = _start_process(settings, args.device, args.cpu, handlers.init, timeout,
+    process = _start_process(settings, device=args.device, cpu=args.cpu, init=handlers.init,
+                             timeout=timeout,
                              single=options.parallelism_config is not None
                              or options.fsdp_plugin is not None)
     if process.context.is_main_process:
@@ -193,7 +194,7 @@ def connect(args: Arguments) -> tuple[Options, Runtime]:
     return options, _build_runtime(process, options, handlers)
 
 
-def connect_process(cpu: bool = False, init: InitProcessGroupKwargs | None = None
+def connect_process(cpu: bool = False, *, init: InitProcessGroupKwargs | None = None
                     ) -> ProcessSetup:
     """Only the process part of :func:`connect`: device, context and process group.
 
@@ -209,10 +210,10 @@ def connect_process(cpu: bool = False, init: InitProcessGroupKwargs | None = Non
         raise TypeError(f"cpu must be True or False, got {cpu!r}")
     settings = env.read_settings()
     timeout = _resolve_timeout(None, init, settings)
-    return _start_process(settings, None, cpu, init, timeout)
+    return _start_process(settings, device=None, cpu=cpu, init=init, timeout=timeout)
 
 
-def _start_process(settings: env.EnvSettings, device: str | None, cpu: bool,
+def _start_process(settings: env.EnvSettings, *, device: str | None, cpu: bool,
                    init: InitProcessGroupKwargs | None, timeout: timedelta | None,
                    single: bool = False) -> ProcessSetup:
     """``single``: start a process group also for one process (FSDP's one-device mesh)."""
@@ -221,8 +222,9 @@ def _start_process(settings: env.EnvSettings, device: str | None, cpu: bool,
     info = env.detect_launch()
     hardware = select_device(device, cpu=cpu, settings=settings)
     ctx = build_context(info, hardware)
-    group = start_process_group(ctx, info, hardware, timeout, init.backend if init else None,
-                                init.init_method if init else None, single=single)
+    group = start_process_group(ctx, info=info, device=hardware, timeout=timeout,
+                                backend=init.backend if init else None,
+                                init_method=init.init_method if init else None, single=single)
     return ProcessSetup(settings=settings, launch=info, hardware=hardware, context=ctx, group=group)
 
 
@@ -234,8 +236,10 @@ def _build_runtime(process: ProcessSetup, options: Options, handlers: Handlers) 
     precision = make_precision(options.precision_mode, device=ctx.device,
                                autocast=options.autocast, scaler_kwargs=handlers.scaler,
                                hardware=process.hardware)
-    strategy = select_strategy(ctx, options.device_placement, handlers.ddp, options.fsdp_plugin,
-                               options.parallelism_config, options.precision_mode)
+    strategy = select_strategy(ctx, place=options.device_placement, ddp_kwargs=handlers.ddp,
+                               fsdp_plugin=options.fsdp_plugin,
+                               parallelism=options.parallelism_config,
+                               precision=options.precision_mode)
     attendance = Attendance(monitor, timeout=group.timeout) \
         if ctx.is_distributed and monitor.store is not None else None
     return Runtime(settings=settings, launch=info, hardware=process.hardware, context=ctx,
@@ -325,16 +329,17 @@ def resolve_sharding(plugin: FullyShardedDataParallelPlugin | None,
         raise TypeError("parallelism_config must be a ParallelismConfig, got "
                         f"{type(parallelism).__name__}")
     if settings is not None and settings.use_fsdp:
-        plugin = _from_env(plugin, settings.given("fsdp_"), LAUNCH_FSDP, "fsdp_plugin",
-                           plugin_from_launch)
-        parallelism = _from_env(parallelism, settings.given("parallelism_config_"),
-                                LAUNCH_PARALLELISM, "parallelism_config",
-                                parallelism_from_launch) if parallelism is not None or \
+        plugin = _from_env(plugin, values=settings.given("fsdp_"), fields=LAUNCH_FSDP,
+                           argument="fsdp_plugin",
+                           build=plugin_from_launch)
+        parallelism = _from_env(parallelism, values=settings.given("parallelism_config_"),
+                                fields=LAUNCH_PARALLELISM, argument="parallelism_config",
+                                build=parallelism_from_launch) if parallelism is not None or \
             settings.given("parallelism_config_") else None
     return {"fsdp_plugin": plugin, "parallelism_config": parallelism}
 
 
-def _from_env(given: _Config | None, values: dict[str, Any], fields: dict[str, str],
+def _from_env(given: _Config | None, *, values: dict[str, Any], fields: dict[str, str],
               argument: str, build: Callable[..., _Config]) -> _Config:
     """``given``, else what the ``ACCEL_*`` ``values`` build; warns once when ``given`` differs
     from them."""
@@ -377,7 +382,8 @@ def _warn_dynamo(plugin: TorchDynamoPlugin, settings: env.EnvSettings) -> None:
     """Say when a compile setting is overridden or has no effect (once, main process)."""
     chosen = plugin.to_dict()["backend"]
     if settings.dynamo_backend is not None and settings.dynamo_backend != chosen:
-        _disagree("dynamo_backend", chosen, "ACCEL_DYNAMO_BACKEND", settings.dynamo_backend)
+        _disagree("dynamo_backend", ctor=chosen, env_name="ACCEL_DYNAMO_BACKEND",
+                  env_value=settings.dynamo_backend)
     unused = [name for name in plugin.to_kwargs() if name != "disable"]
     if plugin.use_regional_compilation:
         unused.append("use_regional_compilation")
@@ -387,7 +393,7 @@ def _warn_dynamo(plugin: TorchDynamoPlugin, settings: env.EnvSettings) -> None:
                   "ACCEL_DYNAMO_BACKEND / accel launch --dynamo_backend) to compile")
 
 
-def _disagree(name: str, ctor: Any, env_name: str, env_value: Any) -> None:
+def _disagree(name: str, *, ctor: Any, env_name: str, env_value: Any) -> None:
     warn_user(f"Accelerator({name}={ctor!r}) overrides {env_name}={env_value!r} set by "
               f"`accel launch`; using {ctor!r}")
 
@@ -408,7 +414,8 @@ def resolve_sync_batchnorm(ctor: bool | str | None, settings: env.EnvSettings) -
         return env_mode
     chosen = parse_mode(ctor, "Accelerator(sync_batchnorm=...)")
     if from_env is not None and env_mode != chosen:
-        _disagree("sync_batchnorm", chosen or False, "ACCEL_SYNC_BATCHNORM", from_env)
+        _disagree("sync_batchnorm", ctor=chosen or False, env_name="ACCEL_SYNC_BATCHNORM",
+                  env_value=from_env)
     return chosen
 
 
@@ -421,7 +428,8 @@ def resolve_precision(ctor: str | PrecisionType | None, settings: env.EnvSetting
         return from_env or PrecisionType.NO
     chosen = parse_mixed_precision(ctor)
     if from_env is not None and from_env is not chosen:
-        _disagree("mixed_precision", chosen.value, "ACCEL_MIXED_PRECISION", from_env.value)
+        _disagree("mixed_precision", ctor=chosen.value, env_name="ACCEL_MIXED_PRECISION",
+                  env_value=from_env.value)
     return chosen
 
 
@@ -432,7 +440,7 @@ def _resolve_accumulation(steps: int | None, plugin: GradientAccumulationPlugin 
         raise ValueError("pass either gradient_accumulation_steps or "
                          "gradient_accumulation_plugin, not both")
     if steps is not None:
-        steps = parse_int(steps, "gradient_accumulation_steps", minimum=1, strict=True)
+        steps = parse_int(steps, name="gradient_accumulation_steps", minimum=1, strict=True)
         plugin = GradientAccumulationPlugin(num_steps=steps)
     env_steps = settings.gradient_accumulation_steps
     if plugin is None:
@@ -440,8 +448,8 @@ def _resolve_accumulation(steps: int | None, plugin: GradientAccumulationPlugin 
     if plugin.num_steps is None:
         return dataclasses.replace(plugin, num_steps=env_steps or 1)
     if env_steps is not None and env_steps != plugin.num_steps:
-        _disagree("gradient_accumulation_steps", plugin.num_steps,
-                  "ACCEL_GRADIENT_ACCUMULATION_STEPS", env_steps)
+        _disagree("gradient_accumulation_steps", ctor=plugin.num_steps,
+                  env_name="ACCEL_GRADIENT_ACCUMULATION_STEPS", env_value=env_steps)
     return plugin
 
 
@@ -471,5 +479,6 @@ def _resolve_timeout(ctor: float | timedelta | None, handler: InitProcessGroupKw
     chosen = from_ctor or from_handler
     from_env = to_timedelta(settings.timeout, "ACCEL_TIMEOUT")
     if chosen is not None and from_env is not None and chosen != from_env:
-        _disagree("timeout", chosen.total_seconds(), "ACCEL_TIMEOUT", from_env.total_seconds())
+        _disagree("timeout", ctor=chosen.total_seconds(), env_name="ACCEL_TIMEOUT",
+                  env_value=from_env.total_seconds())
     return chosen or from_env

@@ -114,7 +114,7 @@ def _check_signature(function: Callable[..., Any]) -> inspect.Signature:
     return signature
 
 
-def _call_error(name: str, signature: inspect.Signature, exc: TypeError,
+def _call_error(name: str, *, signature: inspect.Signature, exc: TypeError,
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     try:
         signature.bind(*args, **kwargs)
@@ -126,7 +126,7 @@ def _call_error(name: str, signature: inspect.Signature, exc: TypeError,
             f"`{name}(model)` for `def {name}(batch_size, model)`")
 
 
-def _retry(function: Callable[..., R], name: str, batch_size: int,
+def _retry(function: Callable[..., R], *, name: str, batch_size: int,
            reduce: Callable[[int], int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
     tried: list[int] = []
     last = ""
@@ -192,7 +192,9 @@ def find_executable_batch_size(
         try:
             signature.bind(starting_batch_size, *args, **kwargs)
         except TypeError as exc:
-            raise TypeError(_call_error(name, signature, exc, args, kwargs)) from None
-        return _retry(function, name, starting_batch_size, reduce, args, kwargs)
+            raise TypeError(_call_error(name, signature=signature, exc=exc, args=args,
+                                        kwargs=kwargs)) from None
+        return _retry(function, name=name, batch_size=starting_batch_size, reduce=reduce, args=args,
+                      kwargs=kwargs)
 
     return wrapper

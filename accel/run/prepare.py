@@ -146,7 +146,7 @@ class Preparer:
                 if kind == "scheduler" and _is_scheduler(obj):
                     out[i] = self.prepare_scheduler(obj)
                 elif isinstance(kind, type) and isinstance(obj, kind):
-                    out[i] = self._prepare_one(obj, places[i], moved)
+                    out[i] = self._prepare_one(obj, place=places[i], moved=moved)
                 else:
                     continue
                 done.add(i)
@@ -158,10 +158,10 @@ class Preparer:
             self.run.prepared_ids.add(id(out[i]))
         return out
 
-    def _prepare_one(self, obj: Any, place: bool, moved: Replaced) -> Any:
+    def _prepare_one(self, obj: Any, *, place: bool, moved: Replaced) -> Any:
         if isinstance(obj, nn.Module):
             before = list(obj.parameters())
-            wrapped = self.prepare_model(obj, place)
+            wrapped = self.prepare_model(obj, place=place)
             after = obj.parameters()
             new = {id(o): (weakref.ref(o), n) for o, n in zip(before, after, strict=True)
                    if o is not n}
@@ -174,7 +174,7 @@ class Preparer:
             return wrapped
         if isinstance(obj, torch.optim.Optimizer):
             return self.prepare_optimizer(obj, moved)
-        return self.prepare_data_loader(obj, place)
+        return self.prepare_data_loader(obj, place=place)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
                           moved: Replaced | None = None) -> AcceleratedOptimizer:
@@ -186,7 +186,7 @@ class Preparer:
         self.run.optimizers.append(opt)
         return opt
 
-    def prepare_model(self, model: nn.Module, place: bool = True,
+    def prepare_model(self, model: nn.Module, *, place: bool = True,
                       evaluation_mode: bool = False) -> nn.Module:
         """Move ``model`` to the device, wrap it for the strategy, add the precision's forward,
         and compile the result (``TorchDynamoPlugin``), as Accelerate does: ``torch.compile``
@@ -227,7 +227,7 @@ class Preparer:
         return self.dynamo
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader[Any],
-                            place: bool = True) -> PreparedDataLoader:
+                            *, place: bool = True) -> PreparedDataLoader:
         """Shard ``data_loader`` by rank and move its batches to the device."""
         loader = build_prepared_loader(
             data_loader, ctx=self.comm.ctx, comm=self.comm,

@@ -58,7 +58,7 @@ class StepController:
             yield
 
     @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None,
+    def join_uneven_inputs(self, joinables: list[Any], *, even_batches: bool | None,
                            default_even: bool) -> Iterator[None]:
         """torch ``Join`` over ``joinables`` when batches are uneven, as Accelerate has it: with
         ``even_batches`` given, the prepared map-style loaders use it inside the block (several
@@ -66,7 +66,7 @@ class StepController:
         even = default_even if even_batches is None else bool(even_batches)
         with contextlib.ExitStack() as stack:
             if even_batches is not None and self.strategy.joins_uneven_inputs:
-                stack.enter_context(override_even_batches(self.run.dataloaders, even))
+                stack.enter_context(override_even_batches(self.run.dataloaders, even=even))
             stack.enter_context(self.strategy.join(joinables, enable=not even))
             yield
 

@@ -19,7 +19,7 @@ __all__ = ["DDPStrategy", "FSDPStrategy", "SingleDeviceStrategy", "Strategy", "X
            "no_join", "select_strategy", "strip_parallel", "unwrap_module"]
 
 
-def select_strategy(ctx: ProcessContext, place: bool = True,
+def select_strategy(ctx: ProcessContext, *, place: bool = True,
                     ddp_kwargs: DistributedDataParallelKwargs | None = None,
                     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
                     parallelism: ParallelismConfig | None = None,
@@ -36,7 +36,8 @@ def select_strategy(ctx: ProcessContext, place: bool = True,
     shards = parallelism is not None and \
         parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)[1] > 1
     if fsdp_plugin is not None or shards:
-        return _fsdp(ctx, place, ddp_kwargs, fsdp_plugin, parallelism, precision)
+        return _fsdp(ctx, place=place, ddp_kwargs=ddp_kwargs, plugin=fsdp_plugin,
+                     parallelism=parallelism, precision=precision)
     if ctx.device.type == "xla":
         return XLAStrategy(ctx, place, ddp_kwargs)
     if ctx.is_distributed:
@@ -44,7 +45,7 @@ def select_strategy(ctx: ProcessContext, place: bool = True,
     return SingleDeviceStrategy(ctx, place, ddp_kwargs)
 
 
-def _fsdp(ctx: ProcessContext, place: bool, ddp_kwargs: DistributedDataParallelKwargs | None,
+def _fsdp(ctx: ProcessContext, *, place: bool, ddp_kwargs: DistributedDataParallelKwargs | None,
           plugin: FullyShardedDataParallelPlugin | None, parallelism: ParallelismConfig | None,
           precision: PrecisionType) -> Strategy:
     if ctx.device.type == "xla":

@@ -60,7 +60,7 @@ def strip_compile(model: nn.Module) -> nn.Module:
     return model
 
 
-def unwrap_module(model: nn.Module, keep_torch_compile: bool = False) -> nn.Module:
+def unwrap_module(model: nn.Module, *, keep_torch_compile: bool = False) -> nn.Module:
     """Strip DDP / torch.compile wrappers and return the user's module.
 
     With ``keep_torch_compile`` a compiled model comes back compiled: the compile wrapper
@@ -149,10 +149,10 @@ class Strategy(ABC):
             return model
         return convert_sync_batchnorm(model, sync.group, self.ctx.device)
 
-    def unwrap(self, model: nn.Module, keep_torch_compile: bool = False) -> nn.Module:
+    def unwrap(self, model: nn.Module, *, keep_torch_compile: bool = False) -> nn.Module:
         """The user's module inside whatever ``wrap_model`` (or torch.compile) put around it;
         still compiled with ``keep_torch_compile`` (see :func:`unwrap_module`)."""
-        return unwrap_module(model, keep_torch_compile)
+        return unwrap_module(model, keep_torch_compile=keep_torch_compile)
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Refuse an optimizer whose parameters are not where the model's are (the fix named)."""
@@ -172,7 +172,7 @@ class Strategy(ABC):
         """Whether ``join`` lets ranks with fewer batches finish (several DDP processes)."""
         return False
 
-    def join(self, joinables: Iterable[Any], enable: bool = True
+    def join(self, joinables: Iterable[Any], *, enable: bool = True
              ) -> contextlib.AbstractContextManager[Any]:
         """Let ranks with fewer batches shadow the others' collectives (torch ``Join``), when
         ``enable``. Strategies without it warn when distributed, as Accelerate does."""
@@ -207,7 +207,7 @@ class Strategy(ABC):
         """The full (unsharded) state dict of the user's module inside ``model``."""
         return dict(self.unwrap(model).state_dict())
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+    def load_model_state_dict(self, model: nn.Module, *, state: dict[str, torch.Tensor],
                               strict: bool = True) -> Any:
         """Load a full state dict into the user's module; returns missing/unexpected keys."""
         return self.unwrap(model).load_state_dict(state, strict=strict)

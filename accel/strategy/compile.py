@@ -89,14 +89,15 @@ def _backend(value: Any, source: str) -> DynamoBackend:
     if not isinstance(value, str):
         raise TypeError(f"{source} must be a DynamoBackend or its name, got {value!r}")
     try:
-        name = parse_choice(value, source, env.DYNAMO_BACKENDS, what="a dynamo backend")
+        name = parse_choice(value, name=source, choices=env.DYNAMO_BACKENDS,
+                            what="a dynamo backend")
     except ValueError as exc:
         raise ValueError(f"{exc}; pass backend='inductor' to compile with torch's default "
                          "compiler, or 'no' not to compile") from None
     return DynamoBackend(name.upper())
 
 
-def _flag(value: Any, source: str, optional: bool = False) -> bool | None:
+def _flag(value: Any, *, source: str, optional: bool = False) -> bool | None:
     if isinstance(value, bool) or (optional and value is None):
         return value
     allowed = "True, False or None" if optional else "True or False"
@@ -158,13 +159,13 @@ class TorchDynamoPlugin(KwargsHandler):
         if self.use_regional_compilation is None:
             self.use_regional_compilation = settings.dynamo_use_regional_compilation
         self.backend = _backend(self.backend, sources["backend"])
-        self.mode = parse_choice(self.mode, sources["mode"], env.DYNAMO_MODES,
+        self.mode = parse_choice(self.mode, name=sources["mode"], choices=env.DYNAMO_MODES,
                                  what="a torch.compile mode")
-        self.fullgraph = _flag(self.fullgraph, sources["fullgraph"])
-        self.dynamic = _flag(self.dynamic, sources["dynamic"], optional=True)
-        self.disable = bool(_flag(self.disable, "TorchDynamoPlugin(disable=...)"))
+        self.fullgraph = _flag(self.fullgraph, source=sources["fullgraph"])
+        self.dynamic = _flag(self.dynamic, source=sources["dynamic"], optional=True)
+        self.disable = bool(_flag(self.disable, source="TorchDynamoPlugin(disable=...)"))
         self.use_regional_compilation = _flag(self.use_regional_compilation,
-                                              sources["use_regional_compilation"])
+                                              source=sources["use_regional_compilation"])
         if self.options is not None and not isinstance(self.options, dict):
             raise TypeError("TorchDynamoPlugin(options=...) must be a dict of backend options "
                             f"(e.g. inductor config), got {type(self.options).__name__}")

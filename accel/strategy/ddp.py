@@ -48,7 +48,7 @@ class DDPStrategy(Strategy):
     def joins_uneven_inputs(self) -> bool:
         return self.ctx.is_distributed
 
-    def join(self, joinables: Iterable[Any], enable: bool = True
+    def join(self, joinables: Iterable[Any], *, enable: bool = True
              ) -> contextlib.AbstractContextManager[Any]:
         from torch.distributed.algorithms.join import Join, Joinable
 

@@ -177,8 +177,8 @@ class FSDPStrategy(Strategy):
     def _load_from_rank0(self, model: nn.Module, full_state: dict[str, torch.Tensor]) -> None:
         """Rank 0 sends each rank its own shards (no rank but 0 holds a full parameter)."""
         device = torch.device("cpu") if self.plugin.cpu_offload else self.ctx.device
-        distribute_from_rank0(model, full_state if self.ctx.is_main_process else None,
-                              self.ctx, device)
+        distribute_from_rank0(model, full_state=full_state if self.ctx.is_main_process else None,
+                              ctx=self.ctx, device=device)
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Refuse an optimizer that already holds state: it was made for the unsharded
@@ -193,10 +193,10 @@ class FSDPStrategy(Strategy):
 
     # -- gradient synchronisation ----------------------------------------------------------------
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        return _gradient_sync(model, False)
+        return _gradient_sync(model, sync=False)
 
     def trigger_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        return _gradient_sync(model, True)
+        return _gradient_sync(model, sync=True)
 
     # -- clipping --------------------------------------------------------------------------------
     def clip_grad_norm_(self, parameters: Any, max_norm: float,
@@ -220,7 +220,7 @@ class FSDPStrategy(Strategy):
         state: dict[str, Any] = get_model_state_dict(self.unwrap(model), options=options)
         return state
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+    def load_model_state_dict(self, model: nn.Module, *, state: dict[str, torch.Tensor],
                               strict: bool = True) -> Any:
         """Load a full state dict held by rank 0 (other ranks may pass ``{}``); each rank
         keeps its shards."""
@@ -252,7 +252,7 @@ def _average_ignored_gradients(model: nn.Module, ignored: set[nn.Parameter], wor
 
 
 @contextlib.contextmanager
-def _gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+def _gradient_sync(model: nn.Module, *, sync: bool) -> Iterator[None]:
     """Reduce-scatter gradients in the backward passes of the block, or not (accumulation);
     the setting before the block is restored after it (blocks nest)."""
     root = _fsdp_root(model)

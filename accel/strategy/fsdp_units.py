@@ -100,7 +100,7 @@ def select_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin,
             chosen = numel >= plugin.min_num_params  # type: ignore[operator]
         else:
             chosen = _call_policy(policy, module, numel)  # type: ignore[arg-type]
-        if chosen and not _shares_outside(users, name, module, policy):
+        if chosen and not _shares_outside(users, name=name, module=module, policy=policy):
             units.append((name, module))
             taken.update(id(p) for p in free)
     return units
@@ -116,7 +116,7 @@ def _parameter_users(model: nn.Module) -> dict[int, list[str]]:
     return users
 
 
-def _shares_outside(users: dict[int, list[str]], name: str, module: nn.Module,
+def _shares_outside(users: dict[int, list[str]], *, name: str, module: nn.Module,
                     policy: Any) -> bool:
     """Whether ``module`` (named ``name``) holds a parameter that a module outside it uses too
     (a tied weight): as a unit it would own the parameter and gather it for its own forward

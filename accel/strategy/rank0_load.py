@@ -110,7 +110,7 @@ def _meta_copy(tensor: torch.Tensor) -> torch.Tensor:
     return param
 
 
-def distribute_from_rank0(module: nn.Module, full_state: Mapping[str, torch.Tensor] | None,
+def distribute_from_rank0(module: nn.Module, *, full_state: Mapping[str, torch.Tensor] | None,
                           ctx: ProcessContext, device: torch.device | None = None) -> None:
     """Fill ``module`` (after ``fully_shard``) with rank 0's ``full_state``; every rank calls it.
 
@@ -143,13 +143,14 @@ def distribute_from_rank0(module: nn.Module, full_state: Mapping[str, torch.Tens
     with torch.no_grad():
         for index, (name, param) in enumerate(params):
             if not isinstance(param, DTensor):  # not sharded (an ignored module): whole
-                _broadcast_tensor(param, full_state, name, ctx, comm)
+                _broadcast_tensor(param, full_state=full_state, name=name, ctx=ctx, comm=comm)
             elif ctx.rank == 0 and full_state is not None:
-                _send_shards(param, full_state[name], [b[index] for b in everyone], comm)
+                _send_shards(param, full=full_state[name], boxes=[b[index] for b in everyone],
+                             comm=comm)
             elif boxes[index] is not None and param.to_local().numel() > 0:
                 _receive_into(param.to_local().detach(), comm)
         for name, buffer in module.named_buffers():
-            _broadcast_tensor(buffer, full_state, name, ctx, comm)
+            _broadcast_tensor(buffer, full_state=full_state, name=name, ctx=ctx, comm=comm)
 
 
 # -------------------------------------------------------------------------- agreeing first
@@ -246,7 +247,7 @@ def _local_box(name: str, param: torch.Tensor) -> _Box:
     return tuple(shape), tuple(offset)
 
 
-def _send_shards(param: DTensor, full: torch.Tensor, boxes: list[_Box],
+def _send_shards(param: DTensor, *, full: torch.Tensor, boxes: list[_Box],
                  comm: torch.device) -> None:
     """Rank 0: slice ``full`` for each rank (its box) and send each rank its slice only."""
     local = param.to_local().detach()
@@ -274,7 +275,7 @@ def _receive_into(local: torch.Tensor, comm: torch.device) -> None:
     local.copy_(incoming)
 
 
-def _broadcast_tensor(tensor: torch.Tensor, full_state: Mapping[str, torch.Tensor] | None,
+def _broadcast_tensor(tensor: torch.Tensor, *, full_state: Mapping[str, torch.Tensor] | None,
                       name: str, ctx: ProcessContext, comm: torch.device) -> None:
     """A replicated tensor (buffer, unsharded parameter): rank 0's value to every rank."""
     target = tensor.detach()

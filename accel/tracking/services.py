@@ -173,7 +173,7 @@ class MLflowTracker(ServiceTracker):
         self.run_id = env.get("MLFLOW_RUN_ID", run_id)
         self.tags = tags
         self.nested_run = bool(nested_run) if nested is None else parse_bool(
-            nested, "MLFLOW_NESTED_RUN")
+            nested, name="MLFLOW_NESTED_RUN")
         self.run_name = run_name
         self.description = description
 

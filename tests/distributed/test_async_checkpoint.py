@@ -210,15 +210,15 @@ def _fsdp_job(rank: int, root: str) -> dict[str, Any]:
     model, opt = h.build(2)
     h.train(model, opt, range(3), rank, 2)
     background = BackgroundSaves()
-    save_run(comm, h.snapshot(model, opt, h.ShardIO(False), 3), f"{root}/blocking", None, None,
-             None)
-    path = save_run(comm, h.snapshot(model, opt, h.ShardIO(False), 3), f"{root}/non_blocking",
-                    None, None, None, blocking=False, background=background)
+    save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(False), 3), output_dir=f"{root}/blocking", total_limit=None, project_dir=None,
+             project_total_limit=None)
+    path = save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(False), 3), output_dir=f"{root}/non_blocking",
+                    total_limit=None, project_dir=None, project_total_limit=None, blocking=False, background=background)
     h.train(model, opt, range(3, 5), rank, 2)  # the parameters change while it is written
     out: dict[str, Any] = {"done": str(background.wait()) == str(path)}
     try:
-        save_run(comm, h.snapshot(model, opt, h.ShardIO(True), 5), f"{root}/sharded", None,
-                 None, None, blocking=False, background=background)
+        save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(True), 5), output_dir=f"{root}/sharded", total_limit=None,
+                 project_dir=None, project_total_limit=None, blocking=False, background=background)
         out["refused"] = None
     except CheckpointError as exc:
         out["refused"] = str(exc)

@@ -129,7 +129,7 @@ def _two_rank_worker(rank: int, target: str) -> dict[str, Any]:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
+    group = start_process_group(ctx, info=info, device=device)
     comm = Communicator(ctx)
     token = comm.broadcast_object_list([new_token() if rank == 0 else None])[0]
     tmpdir = temp_dir_for(target, token)
@@ -138,13 +138,13 @@ def _two_rank_worker(rank: int, target: str) -> dict[str, Any]:
     rng = torch.get_rng_state()
     records = write_state(tmpdir, f"rng/rank_{rank}", {"torch": rng, "rank": rank})
     if rank == 0:
-        records["model.safetensors"] = write_tensors(tmpdir, "model.safetensors",
-                                                     {"w": torch.arange(4.0)})
+        records["model.safetensors"] = write_tensors(tmpdir, relpath="model.safetensors",
+                                                     tensors={"w": torch.arange(4.0)})
     comm.barrier()
     gathered = comm.gather_object({rel: rec.to_json() for rel, rec in records.items()})
     if rank == 0:
         merged = {rel: FileRecord.from_json(rec) for part in gathered for rel, rec in part.items()}
-        finalize(tmpdir, target, step=7, world_size=ctx.world_size, records=merged)
+        finalize(tmpdir, target=target, step=7, world_size=ctx.world_size, records=merged)
     comm.barrier()
     manifest = read_manifest(target)
     mine = read_state(target, f"rng/rank_{rank}", manifest)
@@ -197,7 +197,7 @@ def _sharded_save_loop(rank: int, env: dict[str, str], root: str, ready: Any, sa
             for param in model.parameters():
                 param.fill_(float(step))
                 opt.state[param]["momentum_buffer"] = torch.full_like(param, -float(step))
-        save_run(comm, h.snapshot(model, opt, h.ShardIO(True), step), None, None, root, 2)
+        save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(True), step), output_dir=None, total_limit=None, project_dir=root, project_total_limit=2)
         if rank == 0:
             with saved.get_lock():
                 saved.value += 1
@@ -223,7 +223,7 @@ def _load_latest_sharded(root: Path) -> int:
     comm = Communicator(ProcessContext.single())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "written by 2 process(es)": expected here
-        loaded = load_run(comm, h.snapshot(model, opt, h.PlainIO()), None, root)
+        loaded = load_run(comm, snap=h.snapshot(model, opt, h.PlainIO()), input_dir=None, project_dir=root)
     assert loaded is not None and loaded.path == latest
     step = read_manifest(latest).step
     for param in model.parameters():

@@ -29,7 +29,7 @@ def _start() -> tuple[Any, Any]:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
+    group = start_process_group(ctx, info=info, device=device)
     return Communicator(ctx), group
 
 
@@ -41,13 +41,13 @@ def _save_and_continue(rank: int, root: str) -> dict[str, Any]:
     world = comm.ctx.world_size
     model, opt = h.build(world)
     initial = h.full_params(model)
-    save_run(comm, h.snapshot(model, opt, h.ShardIO(True)), f"{root}/fresh", None, None, None)
+    save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(True)), output_dir=f"{root}/fresh", total_limit=None, project_dir=None, project_total_limit=None)
     untouched = not opt.state and all(p.grad is None for p in model.parameters())
     losses = h.train(model, opt, range(SAVE_AT), rank, world)
-    sharded = save_run(comm, h.snapshot(model, opt, h.ShardIO(True), SAVE_AT),
-                       f"{root}/sharded", None, None, None)
-    full = save_run(comm, h.snapshot(model, opt, h.ShardIO(False), SAVE_AT), f"{root}/full",
-                    None, None, None)
+    sharded = save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(True), SAVE_AT),
+                       output_dir=f"{root}/sharded", total_limit=None, project_dir=None, project_total_limit=None)
+    full = save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(False), SAVE_AT), output_dir=f"{root}/full",
+                    total_limit=None, project_dir=None, project_total_limit=None)
     saved = {"params": h.full_params(model), "opt": h.full_optimizer(model, opt)}
     losses += h.train(model, opt, range(SAVE_AT, TOTAL), rank, world)
     group.close()
@@ -66,7 +66,7 @@ def _load_and_continue(rank: int, root: str) -> dict[str, Any]:
     for kind in ("sharded", "full", "plain"):  # plain: saved by one process without FSDP
         model, opt = h.build(world)
         io = h.ShardIO(kind != "full")
-        loaded = load_run(comm, h.snapshot(model, opt, io), f"{root}/{kind}", None)
+        loaded = load_run(comm, snap=h.snapshot(model, opt, io), input_dir=f"{root}/{kind}", project_dir=None)
         assert loaded is not None and loaded.optimizer_steps == SAVE_AT
         out[kind] = {"params": h.full_params(model), "opt": h.full_optimizer(model, opt),
                      "lr": [g["lr"] for g in opt.param_groups]}
@@ -98,8 +98,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results = run_workers(_save_and_continue, 2, args=(str(root),))
     model, opt = h.build(None)
     h.train(model, opt, range(SAVE_AT), 0, 1)
-    save_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO(), SAVE_AT), root / "plain", None,
-             None, None)
+    save_run(_plain_comm(), snap=h.snapshot(model, opt, h.PlainIO(), SAVE_AT), output_dir=root / "plain", total_limit=None,
+             project_dir=None, project_total_limit=None)
     plain = {"params": h.full_params(model), "opt": h.full_optimizer(model, opt)}
     return {"root": root, "results": results, "plain": plain}
 
@@ -160,8 +160,8 @@ def test_plain_process_loads_a_sharded_checkpoint(saved: dict[str, Any]) -> None
     for kind in ("sharded", "full"):
         model, opt = h.build(None)
         with pytest.warns(UserWarning, match="written by 2 process"):
-            load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / kind,
-                     None)
+            load_run(_plain_comm(), snap=h.snapshot(model, opt, h.PlainIO()), input_dir=saved["root"] / kind,
+                     project_dir=None)
         _same(h.full_params(model), reference["params"])
         _same(h.full_optimizer(model, opt), reference["opt"])
         assert sorted(opt.state_dict()["state"]) == list(range(len(list(model.parameters()))))
@@ -217,13 +217,13 @@ def test_strict_loading_of_a_sharded_checkpoint(saved: dict[str, Any]) -> None:
 
     model, opt = build()
     with pytest.raises(CheckpointError, match=r"sharded/model_0/ .*'extra.weight'"):
-        load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / "sharded",
-                 None)
+        load_run(_plain_comm(), snap=h.snapshot(model, opt, h.PlainIO()), input_dir=saved["root"] / "sharded",
+                 project_dir=None)
     model, opt = build()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / "sharded",
-                 None, strict=False)
+        load_run(_plain_comm(), snap=h.snapshot(model, opt, h.PlainIO()), input_dir=saved["root"] / "sharded",
+                 project_dir=None, strict=False)
     assert any("sharded/model_0/: missing keys ['extra.bias', 'extra.weight']" in str(w.message)
                for w in caught), [str(w.message) for w in caught]
     params = h.full_params(model)
@@ -244,8 +244,8 @@ def test_an_optimizer_saved_before_its_first_step_stays_fresh(saved: dict[str, A
     for group in opt.param_groups:
         group["lr"] = 0.5  # the checkpoint's 0.01 comes back
     with pytest.warns(UserWarning, match="written by 2 process"):
-        load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), saved["root"] / "fresh",
-                 None)
+        load_run(_plain_comm(), snap=h.snapshot(model, opt, h.PlainIO()), input_dir=saved["root"] / "fresh",
+                 project_dir=None)
     assert not opt.state and [g["lr"] for g in opt.param_groups] == [0.01]
     _same(h.full_params(model), saved["results"][0]["initial"])
 
@@ -276,7 +276,7 @@ def test_damaged_shards_are_refused_before_use(saved: dict[str, Any], tmp_path: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(CheckpointError, match=f"{where}/shard-00002.*corrupt"):
-            load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), copy, None)
+            load_run(_plain_comm(), snap=h.snapshot(model, opt, h.PlainIO()), input_dir=copy, project_dir=None)
     if where == "model_0":
         _same(h.full_params(model), before)
 
@@ -291,7 +291,7 @@ def _load_damaged(rank: int, root: str) -> dict[str, Any]:
     before = h.full_params(model)
     error = None
     try:
-        load_run(comm, h.snapshot(model, opt, h.ShardIO(True)), root, None)
+        load_run(comm, snap=h.snapshot(model, opt, h.ShardIO(True)), input_dir=root, project_dir=None)
     except CheckpointError as exc:
         error = str(exc)
     after = h.full_params(model)
@@ -354,7 +354,7 @@ def test_a_shard_changed_after_verification_is_refused(saved: dict[str, Any], tm
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(CheckpointError, match="shard-00002.*changed after it was verified"):
-            load_run(_plain_comm(), h.snapshot(model, opt, h.PlainIO()), copy, None)
+            load_run(_plain_comm(), snap=h.snapshot(model, opt, h.PlainIO()), input_dir=copy, project_dir=None)
     assert changed
 
 

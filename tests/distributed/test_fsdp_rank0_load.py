@@ -80,12 +80,12 @@ def _load(rank: int, mesh: Any, ctx: Any) -> tuple[nn.Module, int]:
         with init_empty_weights(include_buffers=True):
             model = Net()
         _shard(model, mesh)
-        distribute_from_rank0(model, None, ctx)
+        distribute_from_rank0(model, full_state=None, ctx=ctx)
     return model, _largest_allocation(prof)
 
 
 def _distribute(model: nn.Module, full: dict[str, torch.Tensor], ctx: Any) -> int:
-    distribute_from_rank0(model, full, ctx)
+    distribute_from_rank0(model, full_state=full, ctx=ctx)
     return 0
 
 
@@ -125,7 +125,7 @@ def _errors(rank: int, mesh: Any, ctx: Any) -> dict[str, str]:
         full = make_state(Net()) if rank == 0 else None
         _shard(model, mesh)
         try:
-            distribute_from_rank0(model, full, ctx)
+            distribute_from_rank0(model, full_state=full, ctx=ctx)
         except CpuRamEfficientLoadingError as exc:
             out[case] = str(exc)
     return out

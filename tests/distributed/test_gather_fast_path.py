@@ -52,7 +52,7 @@ def _worker(rank: int) -> dict[str, Any]:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
+    group = start_process_group(ctx, info=info, device=device)
     comm = Communicator(ctx)
     failures: list[str] = []
 

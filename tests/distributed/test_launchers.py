@@ -74,7 +74,7 @@ def _launcher_worker(rank: int) -> dict[str, Any]:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device, timeout=timedelta(seconds=60))
+    group = start_process_group(ctx, info=info, device=device, timeout=timedelta(seconds=60))
     out: dict[str, Any] = {
         "launcher": ctx.launcher, "rank": ctx.rank, "world": ctx.world_size,
         "local_rank": ctx.local_rank, "local_world": ctx.local_world_size,
@@ -88,7 +88,7 @@ def _launcher_worker(rank: int) -> dict[str, Any]:
     dist.all_reduce(value)
     out["all_reduce"] = value.item()
     # idempotent: a second start adopts the group and closing that handle destroys nothing
-    again = start_process_group(ctx, info, device)
+    again = start_process_group(ctx, info=info, device=device)
     out["again"] = (again.owned, again.backend)
     again.close()
     out["alive_after_adopted_close"] = dist.is_initialized()
@@ -138,7 +138,7 @@ def _user_group_worker(rank: int, port: int) -> dict[str, Any]:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
+    group = start_process_group(ctx, info=info, device=device)
     out = {"info": (info.launcher, info.world_size), "ctx": (ctx.rank, ctx.world_size,
            ctx.local_rank, ctx.local_world_size, ctx.node_rank), "owned": group.owned,
            "backend": group.backend}
@@ -210,7 +210,7 @@ def _nccl_worker(rank: int) -> dict[str, Any]:
     info = detect_launch()
     device = select_device("cuda")
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device, timeout=timedelta(seconds=120))
+    group = start_process_group(ctx, info=info, device=device, timeout=timedelta(seconds=120))
     value = torch.tensor([float(rank + 1)], device=ctx.device)
     dist.all_reduce(value)
     out = {"current": torch.cuda.current_device(), "device": str(ctx.device),

@@ -223,8 +223,8 @@ def _fsdp_job(rank: int, root: str) -> dict[str, Any]:
         for each_node in (True, False):
             name = f"{'sharded' if sharded else 'full'}_{'each' if each_node else 'plain'}"
             try:
-                save_run(comm, h.snapshot(model, opt, h.ShardIO(sharded), 2), name, None, None,
-                         None, save_on_each_node=each_node)
+                save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(sharded), 2), output_dir=name, total_limit=None, project_dir=None,
+                         project_total_limit=None, save_on_each_node=each_node)
                 out[name] = "saved"
             except CheckpointError as exc:
                 out[name] = str(exc)
@@ -232,10 +232,10 @@ def _fsdp_job(rank: int, root: str) -> dict[str, Any]:
     # what save_model does with the flag: every machine's local main process writes the weights
     from accel.checkpoint.sharded.consolidate import save_model_streamed
 
-    save_model_streamed(model, "weights", write=comm.ctx.is_local_main_process)
+    save_model_streamed(model, directory="weights", write=comm.ctx.is_local_main_process)
     os.chdir(Path(root, "shared"))
-    out["shared"] = str(save_run(comm, h.snapshot(model, opt, h.ShardIO(True), 2), "fsdp_ckpt",
-                                 None, None, None, save_on_each_node=True))
+    out["shared"] = str(save_run(comm, snap=h.snapshot(model, opt, h.ShardIO(True), 2), output_dir="fsdp_ckpt",
+                                 total_limit=None, project_dir=None, project_total_limit=None, save_on_each_node=True))
     group.close()
     return out
 

@@ -238,7 +238,7 @@ def test_multi_node_commands_resolve() -> None:
     for rank, command in enumerate(MULTI_NODE):
         args = cli.build_parser().parse_args(shlex.split(command)[1:])
         flags = {k: v for k, v in vars(args).items() if k != "command"}
-        settings = resolve_settings(flags, {}, None, gpu_count=lambda: 2, cpu_count=8,
+        settings = resolve_settings(flags, environ={}, config=None, gpu_count=lambda: 2, cpu_count=8,
                                     run_id="r", is_local_address=lambda ip: False)
         assert (settings.num_machines, settings.machine_rank, settings.num_processes) == \
             (2, rank, 4)
@@ -248,7 +248,7 @@ def test_multi_node_commands_resolve() -> None:
     assert paddle, "the Paddle table's accel launch --ips command is gone"
     args = cli.build_parser().parse_args(["launch", *shlex.split(paddle.group(1))])
     flags = {k: v for k, v in vars(args).items() if k != "command"}
-    settings = resolve_settings(flags, {}, None, gpu_count=lambda: 2, cpu_count=8, run_id="r",
+    settings = resolve_settings(flags, environ={}, config=None, gpu_count=lambda: 2, cpu_count=8, run_id="r",
                                 is_local_address=lambda ip: ip == "10.0.0.2")
     assert (settings.num_machines, settings.machine_rank, settings.main_process_ip) == \
         (2, 1, "10.0.0.1")

@@ -43,7 +43,10 @@ PACKAGE = ROOT / "accel"
 FRONT_DOORS = ("accel.horovod", "accel.horovod.elastic", "accel.ps", "accel.big_modeling")
 
 #: (c) Internal functions that keep positional parameters ("module:qualname" -> why).
-ALLOWED: dict[str, str] = {}
+ALLOWED: dict[str, str] = {
+    "accel.launch.notebook:_worker": "the entry point torch's elastic_launch(config, fn)(*args) "
+                                     "calls with positional arguments only",
+}
 
 _BOOL = {"bool", "bool | None", "None | bool", "Optional[bool]"}
 _MAX_PARAMETERS = 3

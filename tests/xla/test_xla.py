@@ -176,7 +176,7 @@ def test_process_group_at_world_size_one_starts_nothing() -> None:
     ctx = build_context(info, device)
     assert ctx.device.type == "xla" and ctx.backend == "xla"
     assert (ctx.rank, ctx.world_size, ctx.is_main_process) == (0, 1, True)
-    handle = start_process_group(ctx, info, device)
+    handle = start_process_group(ctx, info=info, device=device)
     assert not handle.active
     handle.close()
 

@@ -11,10 +11,10 @@ raises :class:`NotConvertible` (or :class:`._safe.Unreadable`) with the reason.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ def _strip_compile_prefix(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, t
     return {key[len(_COMPILE_PREFIX):]: value for key, value in tensors.items()}, True
 
 
-def _model(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _model(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     if path.suffix == ".safetensors":
         try:
             tensors = _files.load(path)
@@ -100,7 +100,7 @@ def _steps(state: Mapping[Any, Any]) -> int | None:
     return max(steps) if steps else None
 
 
-def _optimizer(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _optimizer(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     state = _mapping(read_pickled(path), "an optimizer state dict", ("state", "param_groups"))
     if not isinstance(state["state"], Mapping) or not isinstance(state["param_groups"], list):
         raise NotConvertible("its 'state' is not a dict or its 'param_groups' not a list: not "
@@ -116,7 +116,7 @@ def _optimizer(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts)
                       + (f", step {steps}" if steps is not None else ""))
 
 
-def _scheduler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _scheduler(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     state = _mapping(read_pickled(path), "a scheduler state dict")
     stem = f"scheduler_{entry.index}"
     writer.write_state(stem, state)
@@ -124,7 +124,7 @@ def _scheduler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts)
                       detail=f"last_epoch {state.get('last_epoch', '?')}")
 
 
-def _scaler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _scaler(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     state = _mapping(read_pickled(path), "a GradScaler state dict")
     writer.write_state("scaler", state)
     return FileResult(file=entry.name, status=CONVERTED, written_as="scaler",
@@ -132,7 +132,7 @@ def _scaler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) ->
                       "precision)")
 
 
-def _custom(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _custom(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     state = read_pickled(path)
     stem = f"custom_{entry.index}"
     writer.write_state(stem, state)
@@ -173,7 +173,7 @@ def _device_rng(raw: Mapping[str, Any], rank: int) -> tuple[dict[str, torch.Tens
     return device, "".join(f", {n}" for n in notes)
 
 
-def _rng(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _rng(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     raw = _mapping(read_pickled(path), "Accelerate's RNG states",
                    ("random_state", "numpy_random_seed", "torch_manual_seed"))
     state: dict[str, Any] = {"python": raw["random_state"], "numpy": raw["numpy_random_seed"],
@@ -192,12 +192,12 @@ def _rng(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> Fi
                       detail=f"rank {entry.index}: python, numpy, torch{device_note}{note}")
 
 
-def _sampler(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _sampler(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     raise NotConvertible("Accelerate's SeedableRandomSampler (a pickled accelerate object, not "
                          f"read) has no counterpart in accel's data loaders. {_NO_POSITIONS}")
 
 
-def _loader(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _loader(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     yielded = ""
     state = read_pickled(path)
     if isinstance(state, Mapping) and isinstance(state.get("_num_yielded"), int):
@@ -207,21 +207,26 @@ def _loader(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) ->
                          f"order. {_NO_POSITIONS}{yielded}")
 
 
-def _fsdp(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _fsdp(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     raise NotConvertible("FSDP model state is not converted (not read); merge it into one "
                          "model.safetensors with `accelerate merge-weights` and convert again")
 
 
-def _directory(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _directory(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     raise NotConvertible("a directory (sharded FSDP/DeepSpeed state, or what a save_state "
                          "pre-hook wrote): not part of what is converted, not read")
 
 
-def _unknown(writer: CheckpointWriter, path: Path, entry: Entry, facts: Facts) -> FileResult:
+def _unknown(writer: CheckpointWriter, *, path: Path, entry: Entry, facts: Facts) -> FileResult:
     raise NotConvertible("not a file Accelerate's save_state writes; not read")
 
 
-_Handler = Callable[[CheckpointWriter, Path, Entry, Facts], FileResult]
+class _Handler(Protocol):
+    def __call__(self, writer: CheckpointWriter, *, path: Path, entry: Entry,
+                 facts: Facts) -> FileResult: ...
+
+
+
 _HANDLERS: dict[str, _Handler] = {
     "model": _model, "optimizer": _optimizer, "scheduler": _scheduler, "scaler": _scaler,
     "custom": _custom, "rng": _rng, "sampler": _sampler, "loader": _loader, "fsdp": _fsdp,
@@ -232,9 +237,9 @@ _COUNTED = {"model": "models", "optimizer": "optimizers", "scheduler": "schedule
             "custom": "custom"}
 
 
-def convert_entry(writer: CheckpointWriter, source: Path, entry: Entry, facts: Facts
+def convert_entry(writer: CheckpointWriter, *, source: Path, entry: Entry, facts: Facts
                   ) -> FileResult:
     """Convert one entry (raises NotConvertible/Unreadable, or TypeError from the codec)."""
     if entry.kind in _COUNTED:  # a skipped one still counts: load_state then names its file
         _count(facts, _COUNTED[entry.kind], entry.index)
-    return _HANDLERS[entry.kind](writer, source / entry.name, entry, facts)
+    return _HANDLERS[entry.kind](writer, path=source / entry.name, entry=entry, facts=facts)

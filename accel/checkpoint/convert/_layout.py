@@ -53,7 +53,7 @@ class Entry:
     index: int  # the object's position (model_1 -> 1) or the rank (random_states_3 -> 3)
 
 
-def _classify(name: str, is_dir: bool) -> Entry:
+def _classify(name: str, *, is_dir: bool) -> Entry:
     for pattern, kind in _PATTERNS:
         match = pattern.fullmatch(name)
         if match and (not is_dir or kind == "fsdp"):
@@ -65,7 +65,7 @@ def _classify(name: str, is_dir: bool) -> Entry:
 def classify(names: Iterable[str], directories: Iterable[str] = ()) -> list[Entry]:
     """What each name is (in the order given); ``directories`` are names that are folders."""
     folders = set(directories)
-    return [_classify(name, name in folders) for name in names]
+    return [_classify(name, is_dir=name in folders) for name in names]
 
 
 def scan(source: Path) -> list[Entry]:

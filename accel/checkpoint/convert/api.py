@@ -40,7 +40,7 @@ _RECOGNISED = {"model", "optimizer", "scheduler", "scaler", "rng", "custom", "sa
                "fsdp"}
 
 
-def _check_paths(source: Path, output: Path, overwrite: bool) -> None:
+def _check_paths(source: Path, *, output: Path, overwrite: bool) -> None:
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not a directory; pass the directory that "
                                 "Accelerate's accelerator.save_state() wrote")
@@ -60,7 +60,7 @@ def _world_size(entries: list[Entry]) -> int:
     return max(ranks) + 1 if ranks else 1
 
 
-def _convert_one(writer: CheckpointWriter, source: Path, entry: Entry, facts: Facts,
+def _convert_one(writer: CheckpointWriter, *, source: Path, entry: Entry, facts: Facts,
                  taken: set[tuple[str, int]]) -> FileResult:
     key = (entry.kind, entry.index)
     if entry.kind == "model" and key in taken:
@@ -70,7 +70,7 @@ def _convert_one(writer: CheckpointWriter, source: Path, entry: Entry, facts: Fa
                           "not read")
     taken.add(key)
     try:
-        return convert_entry(writer, source, entry, facts)
+        return convert_entry(writer, source=source, entry=entry, facts=facts)
     except (Unreadable, NotConvertible) as exc:
         return FileResult(file=entry.name, status=SKIPPED, written_as=None, detail=str(exc))
     except TypeError as exc:  # the codec: a value that cannot be stored without pickle
@@ -101,7 +101,7 @@ def _meta(facts: Facts, source: Path) -> dict[str, object]:
 
 
 def convert_accelerate_checkpoint(source: str | os.PathLike[str],
-                                  output: str | os.PathLike[str], *, strict: bool = False,
+                                  *, output: str | os.PathLike[str], strict: bool = False,
                                   overwrite: bool = False) -> ConversionReport:
     """Convert a directory written by Accelerate's ``save_state`` into an accel checkpoint.
 
@@ -135,28 +135,29 @@ def convert_accelerate_checkpoint(source: str | os.PathLike[str],
         ...             "numpy_random_seed": __import__("numpy").random.get_state(),
         ...             "torch_manual_seed": torch.get_rng_state(), "step": 0},
         ...            acc / "random_states_0.pkl")
-        >>> report = convert_accelerate_checkpoint(acc, acc.parent / (acc.name + "-accel"))
+        >>> report = convert_accelerate_checkpoint(acc, output=acc.parent / (acc.name + "-accel"))
         >>> [(f.file, f.written_as) for f in report.files]
         [('optimizer.bin', 'optimizer_0'), ('random_states_0.pkl', 'rank_0/rng')]
     """
     source, target = Path(source), Path(output)
-    _check_paths(source, target, overwrite)
+    _check_paths(source, output=target, overwrite=overwrite)
     entries = scan(source)
     if not any(e.kind in _RECOGNISED for e in entries):
         raise ValueError(f"{source} holds no file of Accelerate's save_state (model.safetensors, "
                          "optimizer.bin, random_states_0.pkl, ...); pass the directory that "
                          "accelerator.save_state() wrote (with automatic checkpoint naming, one "
                          "of the checkpoints/checkpoint_<n> folders)")
-    return _write(source, target, entries, strict)
+    return _write(source, target=target, entries=entries, strict=strict)
 
 
-def _write(source: Path, target: Path, entries: list[Entry], strict: bool) -> ConversionReport:
+def _write(source: Path, *, target: Path, entries: list[Entry], strict: bool) -> ConversionReport:
     """Convert every entry into a temporary sibling of ``target``; seal it, or remove it."""
     facts = Facts(world_size=_world_size(entries))
     writer = CheckpointWriter(target)
     try:
         taken: set[tuple[str, int]] = set()
-        results = [_convert_one(writer, source, e, facts, taken) for e in entries]
+        results = [_convert_one(writer, source=source, entry=e, facts=facts,
+                                taken=taken) for e in entries]
         results += _missing_ranks(entries, facts.world_size)
         report = ConversionReport(source=source, output=None, world_size=facts.world_size,
                                   strict=strict, files=results, meta=_meta(facts, source))

@@ -39,7 +39,7 @@ def _summary(report: ConversionReport) -> str:
             f"accelerator.load_state({str(report.output)!r})")
 
 
-def _print(report: ConversionReport, as_json: bool, out: TextIO) -> None:
+def _print(report: ConversionReport, *, as_json: bool, out: TextIO) -> None:
     if as_json:
         print(json.dumps(report.to_json(), indent=1), file=out)
     else:
@@ -47,14 +47,14 @@ def _print(report: ConversionReport, as_json: bool, out: TextIO) -> None:
         print(_summary(report), file=out)
 
 
-def run_command(source: str, output: str, *, strict: bool = False, overwrite: bool = False,
+def run_command(source: str, *, output: str, strict: bool = False, overwrite: bool = False,
                 as_json: bool = False) -> int:
     """Convert, print the table (or JSON with ``as_json``) and return the exit status."""
     try:
-        report = convert_accelerate_checkpoint(source, output, strict=strict,
+        report = convert_accelerate_checkpoint(source, output=output, strict=strict,
                                                overwrite=overwrite)
     except ConversionRefused as exc:
-        _print(exc.report, as_json, sys.stdout)
+        _print(exc.report, as_json=as_json, out=sys.stdout)
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 1
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
@@ -64,5 +64,5 @@ def run_command(source: str, output: str, *, strict: bool = False, overwrite: bo
         print(f"{_PROG}: error: writing {output} failed: {exc}; nothing was written (fix the "
               "cause, e.g. free space or permissions, and run it again)", file=sys.stderr)
         return 1
-    _print(report, as_json, sys.stdout)
+    _print(report, as_json=as_json, out=sys.stdout)
     return 0

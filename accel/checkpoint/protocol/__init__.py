@@ -23,9 +23,10 @@ Example:
     ...                    accumulation_steps=1, sync_gradients=True, optimizer_steps=0,
     ...                    loaded_dir=None)
     >>> project = tempfile.mkdtemp()
-    >>> save_run(comm, snap, None, None, project, None).name
+    >>> save_run(comm, snap=snap, output_dir=None, total_limit=None, project_dir=project,
+    ...          project_total_limit=None).name
     'checkpoint_0'
-    >>> load_run(comm, snap, None, project, strict=True).path.name
+    >>> load_run(comm, snap=snap, input_dir=None, project_dir=project, strict=True).path.name
     'checkpoint_0'
 """
 

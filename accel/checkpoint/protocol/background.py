@@ -73,7 +73,7 @@ def host_copy(state: Any, staging: HostStaging | None = None) -> Any:
             seen[key] = staging.copy(t)
         return seen[key]
 
-    return _tree.apply(tensor, state,
+    return _tree.apply(tensor, data=state,
                        other=lambda value: value.copy() if isinstance(value, np.ndarray) else value)
 
 

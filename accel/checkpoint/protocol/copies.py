@@ -123,14 +123,14 @@ def _create(copy: Copy) -> CheckpointError | None:
     return None
 
 
-def _warn_blocking(comm: Communicator, asked: bool, agreed: bool) -> None:
+def _warn_blocking(comm: Communicator, *, asked: bool, agreed: bool) -> None:
     if agreed != asked:
         warn_user(f"rank {comm.ctx.rank}: save_state(blocking={asked}) differs from the "
                   f"main process's blocking={agreed}, which every rank follows; pass the "
                   "same value on every rank")
 
 
-def _plan_shared(comm: Communicator, output_dir: str | Path | None, root: Path | None,
+def _plan_shared(comm: Communicator, *, output_dir: str | Path | None, root: Path | None,
                  blocking: bool) -> SavePlan:
     """Rank 0 picks and creates the directory; a failure there raises on every rank."""
     plan: list[Any] = [None, None, blocking]
@@ -144,7 +144,7 @@ def _plan_shared(comm: Communicator, output_dir: str | Path | None, root: Path |
     target_s, token, agreed = comm.broadcast_object_list(plan)
     if isinstance(target_s, Exception):
         raise target_s
-    _warn_blocking(comm, blocking, bool(agreed))
+    _warn_blocking(comm, asked=blocking, agreed=bool(agreed))
     copy = Copy(writer=0, target=Path(target_s), token=token)
     return SavePlan(copies=(copy,), machine=0, mine=0 if copy.tmpdir.is_dir() else None,
                     blocking=bool(agreed), each_node=False)
@@ -185,7 +185,7 @@ def _machines(layout: Sequence[tuple[int, str]], copies: Sequence[Copy]) -> list
     return machine
 
 
-def _plan_each_node(comm: Communicator, output_dir: str | Path | None, root: Path | None,
+def _plan_each_node(comm: Communicator, *, output_dir: str | Path | None, root: Path | None,
                     blocking: bool) -> SavePlan:
     """Every local main process proposes its copy; all agree; each creates its temporary
     directory; then every rank finds the copy it writes into (see the module's docstring)."""
@@ -208,13 +208,13 @@ def _plan_each_node(comm: Communicator, output_dir: str | Path | None, root: Pat
             own.tmpdir.rmdir()  # empty: nothing was written yet
         raise failed[0]
     agreed = bool(gathered[0][3])
-    _warn_blocking(comm, blocking, agreed)
+    _warn_blocking(comm, asked=blocking, agreed=agreed)
     mine = next((i for i in range(machine + 1)
                  if temp_dir_for(own.target, copies[i].token).is_dir()), None)
     return SavePlan(copies=copies, machine=machine, mine=mine, blocking=agreed, each_node=True)
 
 
-def plan_save(comm: Communicator, output_dir: str | Path | None, root: Path | None, *,
+def plan_save(comm: Communicator, *, output_dir: str | Path | None, root: Path | None,
               blocking: bool, each_node: bool) -> SavePlan:
     """Every rank: where this save writes (see the module's docstring). The main process's
     ``blocking`` holds on every rank (one warning on a rank that asked otherwise).
@@ -223,11 +223,11 @@ def plan_save(comm: Communicator, output_dir: str | Path | None, root: Path | No
         CheckpointError: on every rank, when a directory could not be created.
     """
     if each_node:
-        return _plan_each_node(comm, output_dir, root, blocking)
-    return _plan_shared(comm, output_dir, root, blocking)
+        return _plan_each_node(comm, output_dir=output_dir, root=root, blocking=blocking)
+    return _plan_shared(comm, output_dir=output_dir, root=root, blocking=blocking)
 
 
-def refusal(plan: SavePlan, mines: Sequence[int | None], *, distributed: bool, sharded: bool
+def refusal(plan: SavePlan, *, mines: Sequence[int | None], distributed: bool, sharded: bool
             ) -> CheckpointError | None:
     """The error every rank raises when this run's state cannot reach every copy: state
     sharded over every rank (FSDP) is complete only in the copy that every rank writes into,

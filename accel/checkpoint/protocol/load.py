@@ -63,7 +63,7 @@ def _check_counts(manifest: Manifest, snap: RunSnapshot, models: int) -> None:
                          "same order before load_state()")
 
 
-def _choice(input_dir: str | Path | None, project_dir: str | Path | None, missing_ok: bool
+def _choice(input_dir: str | Path | None, *, project_dir: str | Path | None, missing_ok: bool
             ) -> str | Exception | None:
     """The checkpoint this process would load (None: none yet, ``missing_ok``), or the error
     to raise on every rank."""
@@ -83,7 +83,7 @@ def _choice(input_dir: str | Path | None, project_dir: str | Path | None, missin
         "pass input_dir, or load_state(missing_ok=True) to start fresh")
 
 
-def _agree_on_copies(picks: list[str | Exception | None], newest: bool) -> None:
+def _agree_on_copies(picks: list[str | Exception | None], *, newest: bool) -> None:
     """``save_on_each_node``: every rank found a copy (or none did), the same save's when the
     newest is asked for."""
     found = {r: Path(p) for r, p in enumerate(picks) if isinstance(p, str)}
@@ -98,19 +98,19 @@ def _agree_on_copies(picks: list[str | Exception | None], newest: bool) -> None:
             "every machine. Pass input_dir naming a checkpoint that every machine has")
 
 
-def _resolve_input(comm: Communicator, input_dir: str | Path | None,
+def _resolve_input(comm: Communicator, *, input_dir: str | Path | None,
                    project_dir: str | Path | None, missing_ok: bool, each_node: bool
                    ) -> Path | None:
     """Rank 0's choice, on every rank; with ``each_node`` each rank's own (see above)."""
     if each_node:
-        mine = _choice(input_dir, project_dir, missing_ok)
+        mine = _choice(input_dir, project_dir=project_dir, missing_ok=missing_ok)
         picks = comm.gather_object([mine])
         failed = [p for p in picks if isinstance(p, Exception)]
         if failed:
             raise failed[0]
         _agree_on_copies(picks, newest=input_dir is None)
         return None if mine is None else Path(str(mine))
-    choice: list[Any] = [_choice(input_dir, project_dir, missing_ok)
+    choice: list[Any] = [_choice(input_dir, project_dir=project_dir, missing_ok=missing_ok)
                          if comm.ctx.is_main_process else None]
     picked = comm.broadcast_object_list(choice)[0]
     if isinstance(picked, Exception):
@@ -149,16 +149,19 @@ class _Loader:
     def optimizer(self, index: int, target: Stateful, snap: RunSnapshot) -> None:
         """Through torch's FQN-keyed APIs when the checkpoint or the run is sharded."""
         state = self.state(f"optimizer_{index}")
-        if not sharded.load_optimizer(self.manifest, index, target, state, snap):
+        if not sharded.load_optimizer(self.manifest, index=index, optimizer=target, state=state,
+                                      snap=snap):
             target.load_state_dict(state)
 
     def model(self, index: int, model: nn.Module, io: ModelStateIO) -> None:
-        keys = sharded.load_model(self.manifest, index, model, io, self.strict)
+        keys = sharded.load_model(self.manifest, index=index, model=model, io=io,
+                                  strict=self.strict)
         rel = f"{sharded.model_prefix(index)}/" if keys is not None else \
             f"model_{index}.safetensors"
         if keys is None:  # a whole model file
-            result = io.load_model_state_dict(model, load_tensors(self.path, rel, self.manifest),
-                                              self.strict)
+            result = io.load_model_state_dict(model, state=load_tensors(self.path, rel,
+                                                                        self.manifest),
+                                              strict=self.strict)
             keys = (list(result.missing_keys), list(result.unexpected_keys))
         if keys[0] or keys[1]:
             self.warn(f"{rel}: missing keys {keys[0]}, unexpected keys {keys[1]}")
@@ -199,7 +202,7 @@ def _load_shared(ld: _Loader, snap: RunSnapshot) -> None:
         ld.run(stem, functools.partial(ld.into, target, stem))
 
 
-def _no_loader_positions(ld: _Loader, is_main: bool) -> bool:
+def _no_loader_positions(ld: _Loader, *, is_main: bool) -> bool:
     """True (and one warning) for a checkpoint that holds no loader positions: one converted
     from Accelerate's save_state. The prepared loaders are left where they are, as Accelerate's
     load_state leaves loaders without use_stateful_dataloader."""
@@ -220,7 +223,7 @@ def _absent_ranks(manifest: Manifest) -> frozenset[int]:
         frozenset()
 
 
-def _rank_state_note(path: Path, saved_world: int, world: int, absent: frozenset[int],
+def _rank_state_note(path: Path, *, saved_world: int, world: int, absent: frozenset[int],
                      positions: bool = True) -> str | None:
     """The one warning about ranks that get no saved RNG state (None: every rank has its own);
     ``positions``: loaders restore their positions (use_stateful_dataloader)."""
@@ -240,14 +243,15 @@ def _rank_state_note(path: Path, saved_world: int, world: int, absent: frozenset
             + (f"; {alone}" if alone else ""))
 
 
-def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
+def _load_rank_state(ld: _Loader, *, snap: RunSnapshot, rank: int, world: int,
                      is_main: bool) -> None:
     """This rank's RNG state and loader positions (rank 0's positions if the world changed, or
     if this rank's were not saved)."""
     saved_world = ld.manifest.world_size
     restore = restored_loaders(snap)
     absent = _absent_ranks(ld.manifest)
-    note = _rank_state_note(ld.path, saved_world, world, absent, restore) if is_main else None
+    note = _rank_state_note(ld.path, saved_world=saved_world, world=world, absent=absent,
+                            positions=restore) if is_main else None
     if note is not None:
         warn_user(note)
     own = rank < saved_world and rank not in absent
@@ -256,7 +260,7 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
                                                        snap.device))
     else:
         rng.seed_everything(rng.rank_seed(ld.manifest.step, rank), snap.device)
-    if not restore or _no_loader_positions(ld, is_main):  # no loader asks for its position
+    if not restore or _no_loader_positions(ld, is_main=is_main):  # no loader asks for its position
         return
     source = rank if saved_world == world and own else 0
 
@@ -273,7 +277,7 @@ def _load_rank_state(ld: _Loader, snap: RunSnapshot, rank: int, world: int,
     ld.run(f"rank_{source}/loaders", loaders)
 
 
-def _missing_here(path: Path, rank: int, each_node: bool) -> CheckpointError:
+def _missing_here(path: Path, *, rank: int, each_node: bool) -> CheckpointError:
     if each_node:
         return CheckpointError(f"rank {rank}: {path} does not exist on this machine; with "
                                "save_on_each_node each machine loads its own copy: pass an "
@@ -285,18 +289,18 @@ def _missing_here(path: Path, rank: int, each_node: bool) -> CheckpointError:
         "or copy the checkpoint to every machine", path=path)
 
 
-def _load_on_this_rank(comm: Communicator, snap: RunSnapshot, path: Path, strict: bool,
+def _load_on_this_rank(comm: Communicator, *, snap: RunSnapshot, path: Path, strict: bool,
                        each_node: bool) -> tuple[LoadedRun | Exception, tuple[Any, ...]]:
     """Load everything this rank needs; returns (result or own error, outcome to gather)."""
     ctx = comm.ctx
     try:
         if ctx.is_distributed and (each_node or not ctx.is_main_process) and \
                 not path.is_dir():
-            raise _missing_here(path, ctx.rank, each_node)
+            raise _missing_here(path, rank=ctx.rank, each_node=each_node)
         manifest = read_manifest(path)
         _load_shared(_Loader(path, manifest, strict, ctx.rank), snap)
-        _load_rank_state(_Loader(path, manifest, strict, ctx.rank), snap, ctx.rank,
-                         ctx.world_size, ctx.is_main_process)
+        _load_rank_state(_Loader(path, manifest, strict, ctx.rank), snap=snap, rank=ctx.rank,
+                         world=ctx.world_size, is_main=ctx.is_main_process)
         loaded = LoadedRun(path=path,
                            accumulation_step=int(manifest.meta.get("accumulation_step", 0)),
                            optimizer_steps=int(manifest.meta.get("optimizer_steps", 0)))
@@ -305,9 +309,9 @@ def _load_on_this_rank(comm: Communicator, snap: RunSnapshot, path: Path, strict
         return exc, ("error", f"{type(exc).__name__}: {exc}")
 
 
-def load_run(comm: Communicator, snap: RunSnapshot, input_dir: str | Path | None,
+def load_run(comm: Communicator, *, snap: RunSnapshot, input_dir: str | Path | None,
              project_dir: str | Path | None, strict: bool = True, missing_ok: bool = False,
-             *, save_on_each_node: bool = False) -> LoadedRun | None:
+             save_on_each_node: bool = False) -> LoadedRun | None:
     """Restore ``snap``'s objects and this rank's RNG streams from a checkpoint, on every rank.
 
     Without ``input_dir`` the newest complete checkpoint under ``project_dir`` is loaded (or,
@@ -326,10 +330,12 @@ def load_run(comm: Communicator, snap: RunSnapshot, input_dir: str | Path | None
             ranks saw different checkpoints.
         FileNotFoundError: no complete checkpoint under ``project_dir`` and not ``missing_ok``.
     """
-    path = _resolve_input(comm, input_dir, project_dir, missing_ok, save_on_each_node)
+    path = _resolve_input(comm, input_dir=input_dir, project_dir=project_dir, missing_ok=missing_ok,
+                          each_node=save_on_each_node)
     if path is None:
         return None
-    loaded, mine = _load_on_this_rank(comm, snap, path, strict, save_on_each_node)
+    loaded, mine = _load_on_this_rank(comm, snap=snap, path=path, strict=strict,
+                                      each_node=save_on_each_node)
     outcomes = comm.gather_object([mine])
     if isinstance(loaded, Exception):
         raise loaded

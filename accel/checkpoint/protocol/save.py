@@ -68,10 +68,10 @@ def _on_cpu(state: Any) -> Any:
     """Tensors of ``state`` on the CPU (XLA/CUDA tensors cannot be written directly).
 
     ``.cpu()`` returns a CPU tensor itself, so CPU state is not copied."""
-    return _tree.apply(lambda t: t.detach().cpu(), state)
+    return _tree.apply(lambda t: t.detach().cpu(), data=state)
 
 
-def _model_weights(snap: RunSnapshot, tmp: Path, *, shared: bool) -> list[dict[str, Any]]:
+def _model_weights(snap: RunSnapshot, *, tmp: Path, shared: bool) -> list[dict[str, Any]]:
     """The model states a copy's writer (``shared``; rank 0 without ``save_on_each_node``)
     writes, after the save hooks took the ones they save themselves.
 
@@ -93,8 +93,8 @@ def _model_weights(snap: RunSnapshot, tmp: Path, *, shared: bool) -> list[dict[s
 ToHost = Callable[[Any], Any]
 
 
-def _queue_rank_files(writer: FileQueue, snap: RunSnapshot, rank: int,
-                      to_host: ToHost = _on_cpu, *, shared: bool
+def _queue_rank_files(writer: FileQueue, *, snap: RunSnapshot, rank: int,
+                      to_host: ToHost = _on_cpu, shared: bool
                       ) -> tuple[ShardedFiles, dict[str, Any]]:
     """Queue this rank's files (``shared``: also the components every rank holds, which a
     copy's writer writes); states are encoded now, files written by the writer's threads.
@@ -102,14 +102,14 @@ def _queue_rank_files(writer: FileQueue, snap: RunSnapshot, rank: int,
     this rank's own states (RNG, loader positions) by file stem."""
     sharded = ShardedFiles()
     if distributed_state(snap.model_io):  # every rank takes part in models and optimizers
-        sharded = queue_distributed(writer, snap, rank, to_host)
+        sharded = queue_distributed(writer, snap=snap, rank=rank, to_host=to_host)
     elif shared:
-        for i, state in enumerate(_model_weights(snap, writer.tmpdir, shared=True)):
+        for i, state in enumerate(_model_weights(snap, tmp=writer.tmpdir, shared=True)):
             writer.write_tensors(f"model_{i}.safetensors", to_host(dict(state)))
         for i, opt in enumerate(snap.optimizers):
             writer.write_state(f"optimizer_{i}", to_host(opt.state_dict()))
     else:
-        _model_weights(snap, writer.tmpdir, shared=False)  # the hooks run on every rank
+        _model_weights(snap, tmp=writer.tmpdir, shared=False)  # the hooks run on every rank
     if shared:
         for i, sched in enumerate(snap.schedulers):
             writer.write_state(f"scheduler_{i}", to_host(sched.state_dict()))
@@ -173,11 +173,13 @@ class _RankFiles:
             if sees:
                 self.writer = CheckpointWriter(target, token)
             if self.writer is not None and to_host is _on_cpu:
-                self.sharded, own = _queue_rank_files(self.writer, snap, rank, to_host,
+                self.sharded, own = _queue_rank_files(self.writer, snap=snap, rank=rank,
+                                                      to_host=to_host,
                                                       shared=shared)
             else:  # copies (all of them first), or the files handed to the writing rank
                 recorder = _Recorder(temp_dir_for(target, token))
-                self.sharded, own = _queue_rank_files(recorder, snap, rank, to_host,
+                self.sharded, own = _queue_rank_files(recorder, snap=snap, rank=rank,
+                                                      to_host=to_host,
                                                       shared=shared)
                 if self.writer is not None:
                     recorder.replay(self.writer)
@@ -205,7 +207,7 @@ class _RankFiles:
                 self.writer.close()
 
 
-def _warn_about(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
+def _warn_about(comm: Communicator, *, snap: RunSnapshot, output_dir: str | Path | None,
                 total_limit: int | None) -> None:
     """Once, on the main process, at the user's save_state() line."""
     if not comm.ctx.is_main_process:
@@ -233,7 +235,7 @@ def _roll_call(comm: Communicator, attendance: Attendance | None) -> Roll:
         raise CheckpointError(str(exc)) from exc
 
 
-def _save_alone(snap: RunSnapshot, roll: Roll, output_dir: str | Path | None, root: Path | None,
+def _save_alone(snap: RunSnapshot, *, roll: Roll, output_dir: str | Path | None, root: Path | None,
                 limit: int | None, world_size: int) -> Path:
     """Rank 0, the others not taking part: the whole checkpoint, rank 0's own states only."""
     if roll.present or roll.timed_out:
@@ -247,7 +249,8 @@ def _save_alone(snap: RunSnapshot, roll: Roll, output_dir: str | Path | None, ro
     tmp = temp_dir_for(target, token)
     records = _RankFiles(target, token, snap, 0).result()
     keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
-    error = finish_save(tmp, target, snap, [records], world_size, limit, keep,
+    error = finish_save(tmp, target=target, snap=snap, gathered=[records], world_size=world_size,
+                        limit=limit, keep=keep,
                          absent=range(1, world_size))
     if error is not None:
         raise error
@@ -267,7 +270,7 @@ def _follow_main(comm: Communicator, roll: Roll, attendance: Attendance) -> Path
     return Path(target)
 
 
-def _main_alone(snap: RunSnapshot, roll: Roll, attendance: Attendance,
+def _main_alone(snap: RunSnapshot, *, roll: Roll, attendance: Attendance,
                 output_dir: str | Path | None, root: Path | None, limit: int | None,
                 world_size: int) -> Path:
     """Rank 0, the others not coming: save alone and tell the ranks that arrive late how it
@@ -280,7 +283,8 @@ def _main_alone(snap: RunSnapshot, roll: Roll, attendance: Attendance,
                 "run's model and optimizer state is sharded over every process (FSDP): call "
                 "save_state() on every process, not under `if accelerator.is_main_process:` "
                 "(each process writes only its own shards)")
-        target = _save_alone(snap, roll, output_dir, root, limit, world_size)
+        target = _save_alone(snap, roll=roll, output_dir=output_dir, root=root, limit=limit,
+                             world_size=world_size)
         error = ""
     except BaseException as exc:  # told to the ranks that wait for it, then re-raised
         error = str(exc) or type(exc).__name__
@@ -290,7 +294,7 @@ def _main_alone(snap: RunSnapshot, roll: Roll, attendance: Attendance,
     return target
 
 
-def _rotation(output_dir: str | Path | None, total_limit: int | None,
+def _rotation(output_dir: str | Path | None, *, total_limit: int | None,
               project_dir: str | Path | None, project_total_limit: int | None
               ) -> tuple[Path | None, int | None]:
     """Where automatically named checkpoints go (None: ``output_dir`` is used, not rotated)
@@ -315,7 +319,7 @@ def _refuse_dcp(snap: RunSnapshot) -> None:
             "gathered in the foreground and written by the main process in the background")
 
 
-def _rank_files(plan: SavePlan, snap: RunSnapshot, rank: int, to_host: ToHost = _on_cpu
+def _rank_files(plan: SavePlan, *, snap: RunSnapshot, rank: int, to_host: ToHost = _on_cpu
                 ) -> _RankFiles:
     """This rank's part of the save ``plan`` describes."""
     token = plan.copies[plan.mine if plan.mine is not None else plan.machine].token
@@ -323,7 +327,7 @@ def _rank_files(plan: SavePlan, snap: RunSnapshot, rank: int, to_host: ToHost = 
                       sees=plan.mine is not None, export=plan.each_node)
 
 
-def _warn_unseen(comm: Communicator, plan: SavePlan, mines: list[int | None],
+def _warn_unseen(comm: Communicator, *, plan: SavePlan, mines: list[int | None],
                  background: BackgroundSaves | None) -> None:
     """The main process, once: ranks that did not see the checkpoint's directory (at the
     user's save_state line)."""
@@ -347,7 +351,7 @@ def _warn_alone(roll: Roll, *, blocking: bool, each_node: bool,
                   "process so that each machine's local main process writes its copy")
 
 
-def _save_in_background(comm: Communicator, snap: RunSnapshot, plan: SavePlan,
+def _save_in_background(comm: Communicator, *, snap: RunSnapshot, plan: SavePlan,
                         limit: int | None, background: BackgroundSaves) -> Path:
     """Every rank: copy its state to host memory and queue its files (foreground, with every
     collective of the state dicts), agree that all ranks could (a state that cannot be stored
@@ -359,15 +363,16 @@ def _save_in_background(comm: Communicator, snap: RunSnapshot, plan: SavePlan,
             shutil.rmtree(plan.copies[plan.machine].tmpdir, ignore_errors=True)
         raise
     side = background.side_group(comm)  # collective the first time: every rank is here
-    part = _rank_files(plan, snap, comm.ctx.rank, background.host_copy)
+    part = _rank_files(plan, snap=snap, rank=comm.ctx.rank, to_host=background.host_copy)
     agreed = comm.gather_object([(part.error is None, plan.mine)])
     mines = [mine for _ok, mine in agreed]
     if not all(ok for ok, _mine in agreed) or refusal(
-            plan, mines, distributed=distributed_state(snap.model_io), sharded=False):
-        error = seal(comm.gather_object, comm.broadcast_object_list, comm, snap, plan, part,
-                     limit)
+            plan, mines=mines, distributed=distributed_state(snap.model_io), sharded=False):
+        error = seal(comm.gather_object, share=comm.broadcast_object_list, comm=comm, snap=snap,
+                     plan=plan, part=part,
+                     limit=limit)
         raise error or CheckpointError(f"a rank could not queue its part of {plan.target}")
-    _warn_unseen(comm, plan, mines, background)
+    _warn_unseen(comm, plan=plan, mines=mines, background=background)
 
     def gather(obj: list[Any]) -> list[Any]:
         return comm.gather_object(obj, group=side)
@@ -375,13 +380,14 @@ def _save_in_background(comm: Communicator, snap: RunSnapshot, plan: SavePlan,
     def share(outcome: list[Any]) -> list[Any]:
         return gather(outcome)[:1]  # rank 0's
 
-    background.start(plan.target, lambda: seal(gather, share, comm, snap, plan, part, limit))
+    background.start(plan.target, lambda: seal(gather, share=share, comm=comm, snap=snap, plan=plan,
+                                               part=part, limit=limit))
     return plan.target
 
 
-def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | None,
+def save_run(comm: Communicator, *, snap: RunSnapshot, output_dir: str | Path | None,
              total_limit: int | None, project_dir: str | Path | None,
-             project_total_limit: int | None, attendance: Attendance | None = None, *,
+             project_total_limit: int | None, attendance: Attendance | None = None,
              blocking: bool = True, background: BackgroundSaves | None = None,
              save_on_each_node: bool = False) -> Path:
     """Write a checkpoint of ``snap`` from every rank; returns its directory (on this rank's
@@ -415,21 +421,26 @@ def save_run(comm: Communicator, snap: RunSnapshot, output_dir: str | Path | Non
     elif not blocking:
         raise ValueError("save_run(blocking=False) needs background=BackgroundSaves() (the "
                          "run's, which the next save and load wait for)")
-    _warn_about(comm, snap, output_dir, total_limit)
-    root, limit = _rotation(output_dir, total_limit, project_dir, project_total_limit)
+    _warn_about(comm, snap=snap, output_dir=output_dir, total_limit=total_limit)
+    root, limit = _rotation(output_dir, total_limit=total_limit, project_dir=project_dir,
+                            project_total_limit=project_total_limit)
     ctx = comm.ctx
     roll = _roll_call(comm, attendance)
     if not roll.everyone and attendance is not None:
         if not ctx.is_main_process:
             return _follow_main(comm, roll, attendance)
         _warn_alone(roll, blocking=blocking, each_node=save_on_each_node, background=background)
-        return _main_alone(snap, roll, attendance, output_dir, root, limit, ctx.world_size)
-    plan = plan_save(comm, output_dir, root, blocking=blocking, each_node=save_on_each_node)
+        return _main_alone(snap, roll=roll, attendance=attendance, output_dir=output_dir, root=root,
+                           limit=limit, world_size=ctx.world_size)
+    plan = plan_save(comm, output_dir=output_dir, root=root, blocking=blocking,
+                     each_node=save_on_each_node)
     if not plan.blocking and background is not None:
-        return _save_in_background(comm, snap, plan, limit, background)
-    part = _rank_files(plan, snap, ctx.rank)
-    error = seal(comm.gather_object, comm.broadcast_object_list, comm, snap, plan, part, limit,
-                 say=lambda mines: _warn_unseen(comm, plan, mines, background))
+        return _save_in_background(comm, snap=snap, plan=plan, limit=limit, background=background)
+    part = _rank_files(plan, snap=snap, rank=ctx.rank)
+    error = seal(comm.gather_object, share=comm.broadcast_object_list, comm=comm, snap=snap,
+                 plan=plan, part=part, limit=limit,
+                 say=lambda mines: _warn_unseen(comm, plan=plan, mines=mines,
+                                                background=background))
     if error is not None:
         raise error
     return plan.target

@@ -63,7 +63,7 @@ def write_exported(tmp: Path, exported: Exported, rank: int) -> RankPart | Check
     try:
         for kind, name, value in exported:
             if kind == "tensors":
-                records[name] = write_tensors(tmp, name, value)
+                records[name] = write_tensors(tmp, relpath=name, tensors=value)
             else:
                 records.update(write_state(tmp, name, value))
     except Exception as exc:  # noqa: BLE001 - reported to every rank by the caller
@@ -71,9 +71,9 @@ def write_exported(tmp: Path, exported: Exported, rank: int) -> RankPart | Check
     return records, {}
 
 
-def finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any],
+def finish_save(tmp: Path, *, target: Path, snap: RunSnapshot, gathered: list[Any],
                 world_size: int, limit: int | None, keep: Sequence[Path],
-                absent: Sequence[int] = (), *, save_id: str | None = None) -> Exception | None:
+                absent: Sequence[int] = (), save_id: str | None = None) -> Exception | None:
     """Rank 0 (a copy's writer): manifest, rename, rotation; returns the error to report to
     every rank (the temporary directory is removed after a failure).
 
@@ -88,7 +88,8 @@ def finish_save(tmp: Path, target: Path, snap: RunSnapshot, gathered: list[Any],
         if save_id is not None:
             meta["save_id"] = save_id
         try:
-            finalize(tmp, target, step=snap.optimizer_steps, world_size=world_size, meta=meta,
+            finalize(tmp, target=target, step=snap.optimizer_steps, world_size=world_size,
+                     meta=meta,
                      records=merged, accel_version=__version__)
         except Exception as exc:  # noqa: BLE001 - reported to every rank, then re-raised
             failed = [CheckpointError(f"finishing checkpoint {target} failed: {exc}")]
@@ -126,9 +127,9 @@ def _meta(snap: RunSnapshot, files: Mapping[str, FileRecord], headers: Mapping[s
     return meta
 
 
-def seal(gather: Callable[[list[Any]], list[Any]], share: Callable[[list[Any]], list[Any]],
+def seal(gather: Callable[[list[Any]], list[Any]], *, share: Callable[[list[Any]], list[Any]],
          comm: Communicator, snap: RunSnapshot, plan: SavePlan, part: RankFiles,
-         limit: int | None, *, say: Callable[[list[int | None]], None] | None = None
+         limit: int | None, say: Callable[[list[int | None]], None] | None = None
          ) -> Exception | None:
     """Every rank: wait for this rank's files, ``gather`` the records (and the states of ranks
     that wrote elsewhere); each copy's writer writes the manifest, renames and rotates; the
@@ -144,7 +145,7 @@ def seal(gather: Callable[[list[Any]], list[Any]], share: Callable[[list[Any]], 
     active = plan.active(mines)
     own = plan.machine if plan.copies[plan.machine].writer == ctx.rank else None
     writing = own if own in active else None
-    error = refusal(plan, mines, distributed=distributed_state(snap.model_io),
+    error = refusal(plan, mines=mines, distributed=distributed_state(snap.model_io),
                     sharded=bool(getattr(snap.model_io, "sharded_state", False))) if active \
         else CheckpointError(f"no process could write {plan.target}: the writers did not see "
                              "their own temporary directories")
@@ -162,16 +163,19 @@ def seal(gather: Callable[[list[Any]], list[Any]], share: Callable[[list[Any]], 
     keep = [snap.loaded_dir] if snap.loaded_dir is not None else []
     if plan.each_node:
         sealed = None if writing is None else \
-            _finish_copy(plan, writing, snap, gathered, ctx.world_size, keep)
-        return _seal_copies(gather, plan, writing, sealed, limit, keep)
+            _finish_copy(plan, index=writing, snap=snap, gathered=gathered,
+                         world_size=ctx.world_size, keep=keep)
+        return _seal_copies(gather, plan=plan, writing=writing, error=sealed, limit=limit,
+                            keep=keep)
     outcome: list[Any] = [None]
     if writing is not None:
-        outcome = [_finish_copy(plan, writing, snap, gathered, ctx.world_size, keep, limit)]
+        outcome = [_finish_copy(plan, index=writing, snap=snap, gathered=gathered,
+                                world_size=ctx.world_size, keep=keep, limit=limit)]
     shared: Exception | None = share(outcome)[0]
     return shared
 
 
-def _finish_copy(plan: SavePlan, index: int, snap: RunSnapshot, gathered: list[Any],
+def _finish_copy(plan: SavePlan, *, index: int, snap: RunSnapshot, gathered: list[Any],
                  world_size: int, keep: Sequence[Path], limit: int | None = None
                  ) -> Exception | None:
     """Copy ``index``'s writer: the states of the ranks that wrote elsewhere, then manifest,
@@ -184,11 +188,12 @@ def _finish_copy(plan: SavePlan, index: int, snap: RunSnapshot, gathered: list[A
                 parts[rank] = write_exported(copy.tmpdir, exported, rank) if exported \
                     is not None else CheckpointError(f"rank {rank} sent no states for "
                                                      f"{copy.target}")
-    return finish_save(copy.tmpdir, copy.target, snap, parts, world_size, limit, keep,
+    return finish_save(copy.tmpdir, target=copy.target, snap=snap, gathered=parts,
+                       world_size=world_size, limit=limit, keep=keep,
                        save_id=plan.save_id if plan.each_node else None)
 
 
-def _seal_copies(gather: Callable[[list[Any]], list[Any]], plan: SavePlan, writing: int | None,
+def _seal_copies(gather: Callable[[list[Any]], list[Any]], *, plan: SavePlan, writing: int | None,
                  error: Exception | None, limit: int | None, keep: Sequence[Path]
                  ) -> Exception | None:
     """``save_on_each_node``, after every writer sealed its copy (``error``: how this rank's

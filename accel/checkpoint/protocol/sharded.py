@@ -53,10 +53,10 @@ def state_module(io: ModelStateIO, model: nn.Module) -> nn.Module:
 
 
 def _on_cpu(state: Any) -> Any:
-    return _tree.apply(lambda t: t.detach().cpu(), state)
+    return _tree.apply(lambda t: t.detach().cpu(), data=state)
 
 
-def queue_distributed(writer: FileQueue, snap: RunSnapshot, rank: int,
+def queue_distributed(writer: FileQueue, *, snap: RunSnapshot, rank: int,
                       to_host: Callable[[Any], Any] | None = None) -> ShardedFiles:
     """Every rank: write (DCP) or queue (rank 0) the models and optimizers; returns the DCP
     files this rank wrote. Save hooks get the models and, as under Accelerate's FSDP, the full
@@ -74,7 +74,7 @@ def queue_distributed(writer: FileQueue, snap: RunSnapshot, rank: int,
         for hook in snap.save_hooks:
             hook(models, [], str(tmp))
         for i, module in enumerate(modules):
-            states.save_model_shards(tmp, i, module, files)
+            states.save_model_shards(tmp, index=i, module=module, out=files)
     else:
         weights = [io.model_state_dict(m) for m in models]  # gathered; rank 0's are full
         for hook in snap.save_hooks:
@@ -86,7 +86,8 @@ def queue_distributed(writer: FileQueue, snap: RunSnapshot, rank: int,
         optim = states.torch_optimizer(opt)
         owner = states.owner_module(modules, optim)
         if _sharded(io):
-            doc = states.save_optimizer_shards(tmp, i, owner, optim, files)
+            doc = states.save_optimizer_shards(tmp, index=i, module=owner, optimizer=optim,
+                                               out=files)
         else:
             doc = states.full_optimizer_state(owner, optim)
         if rank == 0:
@@ -106,7 +107,7 @@ def holds_shards(manifest: Manifest, index: int) -> bool:
     return has_shards(manifest, model_prefix(index))
 
 
-def load_model(manifest: Manifest, index: int, model: nn.Module, io: ModelStateIO,
+def load_model(manifest: Manifest, *, index: int, model: nn.Module, io: ModelStateIO,
                strict: bool) -> tuple[list[str], list[str]] | None:
     """Load ``sharded/model_<index>`` when the checkpoint has it (returns missing and
     unexpected keys); None: it holds ``model_<index>.safetensors`` instead."""
@@ -114,11 +115,13 @@ def load_model(manifest: Manifest, index: int, model: nn.Module, io: ModelStateI
         return None
     from ..sharded.states import load_model_shards
 
-    return load_model_shards(manifest.path, manifest, sharded_headers(manifest), index,
-                             state_module(io, model), strict, distributed_state(io))
+    return load_model_shards(manifest.path, manifest=manifest, headers=sharded_headers(manifest),
+                             index=index,
+                             module=state_module(io, model), strict=strict,
+                             distributed=distributed_state(io))
 
 
-def load_optimizer(manifest: Manifest, index: int, optimizer: Any, state: Any,
+def load_optimizer(manifest: Manifest, *, index: int, optimizer: Any, state: Any,
                    snap: RunSnapshot) -> bool:
     """Load ``optimizer_<index>`` (its decoded JSON/codec ``state``) when it needs torch's
     FQN-keyed state-dict APIs: it was saved by an FSDP run, or this run is one. False: an
@@ -133,10 +136,12 @@ def load_optimizer(manifest: Manifest, index: int, optimizer: Any, state: Any,
     optim = states.torch_optimizer(optimizer)
     owner = states.owner_module([state_module(io, m) for m in snap.models], optim)
     if isinstance(state, dict) and "tensors" in state:  # sharded: tensors in DCP files
-        states.load_optimizer_shards(manifest.path, manifest, sharded_headers(manifest), index,
-                                     owner, optim, state, distributed)
+        states.load_optimizer_shards(manifest.path, manifest=manifest,
+                                     headers=sharded_headers(manifest), index=index,
+                                     module=owner, optimizer=optim, doc=state,
+                                     distributed=distributed)
         return True
     if not fqn_layout:
         state = states.fqn_keyed(owner, optim, state)
-    states.load_full_optimizer(owner, optim, state, distributed)
+    states.load_full_optimizer(owner, optimizer=optim, state=state, distributed=distributed)
     return True

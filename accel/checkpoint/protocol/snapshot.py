@@ -74,7 +74,7 @@ class ModelStateIO(Protocol):
         """The full state of ``model`` (as prepared); tensors may be on any device."""
         ...
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor],
+    def load_model_state_dict(self, model: nn.Module, *, state: dict[str, torch.Tensor],
                               strict: bool) -> Any:
         """Load ``state`` into ``model``; returns torch's ``_IncompatibleKeys`` or the like
         (an object with ``missing_keys`` and ``unexpected_keys``)."""

@@ -25,7 +25,7 @@ __all__ = ["run_merge"]
 _PROG = "accel merge-weights"
 
 
-def run_merge(checkpoint: str, output: str, max_shard_size: str = "10GB",
+def run_merge(checkpoint: str, *, output: str, max_shard_size: str = "10GB",
               progress: bool = True) -> int:
     """Merge, print what was written and return the exit status."""
     if not (Path(checkpoint) / MANIFEST).is_file():
@@ -34,7 +34,8 @@ def run_merge(checkpoint: str, output: str, max_shard_size: str = "10GB",
               "save_state() finished", file=sys.stderr)
         return 2
     try:
-        written = merge_weights(checkpoint, output, max_shard_size, progress=progress)
+        written = merge_weights(checkpoint, output=output, max_shard_size=max_shard_size,
+                                progress=progress)
     except ValueError as exc:  # --max_shard_size
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2

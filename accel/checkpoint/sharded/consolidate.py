@@ -33,8 +33,8 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return whole.detach().cpu()
 
 
-def save_model_streamed(module: nn.Module, directory: str | Path,
-                        max_shard_size: int | str = "10GB", *, write: bool,
+def save_model_streamed(module: nn.Module, *, directory: str | Path,
+                        max_shard_size: int | str = "10GB", write: bool,
                         metadata: Mapping[str, str] | None = None) -> Path | None:
     """Call on every rank; the rank with ``write`` (rank 0) writes ``model.safetensors`` or
     ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``.
@@ -88,8 +88,8 @@ def sharded_models(checkpoint: str | Path) -> list[int]:
     return models
 
 
-def merge_weights(checkpoint: str | Path, output: str | Path,
-                  max_shard_size: int | str = "10GB", *, progress: bool = True) -> list[Path]:
+def merge_weights(checkpoint: str | Path, *, output: str | Path,
+                  max_shard_size: int | str = "10GB", progress: bool = True) -> list[Path]:
     """Consolidate every sharded model of ``checkpoint`` into safetensors with HF names.
 
     One model goes to ``output``; several to ``output/model_<i>``. Runs in one process, no
@@ -125,7 +125,7 @@ def merge_weights(checkpoint: str | Path, output: str | Path,
         for file_index, names in enumerate(writer.shards):
             part = {fqn: torch.empty(shapes[fqn].size, dtype=shapes[fqn].properties.dtype)
                     for fqn in names}
-            dcp_load(part, reader, distributed=False)
+            dcp_load(part, reader=reader, distributed=False)
             writer.write(file_index, part)
             bar.update(sum(sizes[fqn] for fqn in names))
         bar.close()

@@ -222,7 +222,7 @@ class _Entry:
         return cls(start=data_start + begin, dtype=dtype, shape=shape)
 
 
-def _read_exactly(fh: io.RawIOBase, offset: int, tensor: torch.Tensor, path: Path) -> None:
+def _read_exactly(fh: io.RawIOBase, *, offset: int, tensor: torch.Tensor, path: Path) -> None:
     """Fill contiguous CPU ``tensor`` with the file's bytes from ``offset`` on."""
     view = memoryview(tensor.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     fh.seek(offset)
@@ -234,7 +234,7 @@ def _read_exactly(fh: io.RawIOBase, offset: int, tensor: torch.Tensor, path: Pat
         pos += got
 
 
-def _read_item(fh: io.RawIOBase, entry: _Entry, item: ReadItem, target: torch.Tensor,
+def _read_item(fh: io.RawIOBase, *, entry: _Entry, item: ReadItem, target: torch.Tensor,
                path: Path) -> None:
     """Copy the part of a stored tensor that ``item`` names into ``target``: read straight
     into the target's memory when the part is one run of bytes and the target a contiguous
@@ -255,13 +255,14 @@ def _read_item(fh: io.RawIOBase, entry: _Entry, item: ReadItem, target: torch.Te
         first = entry.start + sum(o * s for o, s in zip(offsets, strides, strict=True)) * size
         if target.is_cpu and target.dtype == entry.dtype and target.is_contiguous() \
                 and not target.is_conj() and not target.is_neg():
-            _read_exactly(fh, first, target, path)
+            _read_exactly(fh, offset=first, tensor=target, path=path)
             return
         region = torch.empty(lengths, dtype=entry.dtype)
-        _read_exactly(fh, first, region, path)
+        _read_exactly(fh, offset=first, tensor=region, path=path)
     else:  # whole rows, then the wanted columns of them
         region = torch.empty([lengths[0], *entry.shape[1:]], dtype=entry.dtype)
-        _read_exactly(fh, entry.start + offsets[0] * strides[0] * size, region, path)
+        _read_exactly(fh, offset=entry.start + offsets[0] * strides[0] * size, tensor=region,
+                      path=path)
         for dim in range(1, len(lengths)):
             region = region.narrow(dim, offsets[dim], lengths[dim])
     target.copy_(region)
@@ -378,8 +379,8 @@ class ShardReader(HuggingFaceStorageReader):
                         raise _changed(path)
                     for item in items:
                         target = planner.resolve_tensor(item).detach()
-                        _read_item(fh, self._layouts[rel][item.storage_index.fqn], item,
-                                   target, path)
+                        _read_item(fh, entry=self._layouts[rel][item.storage_index.fqn], item=item,
+                                   target=target, path=path)
                         planner.commit_tensor(item, target)
                     if _stamp(fh.fileno()) != self._checked[rel]:
                         raise _changed(path)

@@ -62,7 +62,7 @@ def owner_module(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer)
     return involved[0] if len(involved) == 1 else nn.ModuleList(involved)
 
 
-def save_model_shards(root: Path, index: int, module: nn.Module, out: ShardedFiles) -> None:
+def save_model_shards(root: Path, *, index: int, module: nn.Module, out: ShardedFiles) -> None:
     """DCP-save ``module``'s sharded state into ``root/sharded/model_<index>`` (collective)."""
     writer = ShardWriter(root, model_prefix(index))
     with dcp_errors(f"saving {model_prefix(index)}"):
@@ -70,7 +70,7 @@ def save_model_shards(root: Path, index: int, module: nn.Module, out: ShardedFil
     out.take(writer)
 
 
-def _optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer, full: bool
+def _optimizer_state(module: nn.Module, *, optimizer: torch.optim.Optimizer, full: bool
                      ) -> dict[str, Any]:
     """FQN-keyed optimizer state (collective). An optimizer that has not stepped yet stays
     so (torch's getter initialises it with a zero-lr step; that state is dropped again)."""
@@ -87,15 +87,15 @@ def _optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer, full: 
 
 def full_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The whole FQN-keyed optimizer state on CPU, on rank 0 (``{}`` elsewhere; collective)."""
-    return _optimizer_state(module, optimizer, full=True)
+    return _optimizer_state(module, optimizer=optimizer, full=True)
 
 
-def save_optimizer_shards(root: Path, index: int, module: nn.Module,
+def save_optimizer_shards(root: Path, *, index: int, module: nn.Module,
                           optimizer: torch.optim.Optimizer, out: ShardedFiles
                           ) -> dict[str, Any]:
     """DCP-save the optimizer's tensors into ``root/sharded/optimizer_<index>`` (collective);
     returns the JSON part (hyper-parameters, non-tensor state, where each tensor went)."""
-    state = _optimizer_state(module, optimizer, full=False)
+    state = _optimizer_state(module, optimizer=optimizer, full=False)
     tensors: dict[str, torch.Tensor] = {}
     plain: dict[str, dict[str, Any]] = {}
     keys: dict[str, dict[str, str]] = {}
@@ -115,7 +115,7 @@ def save_optimizer_shards(root: Path, index: int, module: nn.Module,
     return {"param_groups": state.get("param_groups", []), "state": plain, "tensors": keys}
 
 
-def dcp_load(state: dict[str, Any], reader: ShardReader, distributed: bool) -> None:
+def dcp_load(state: dict[str, Any], *, reader: ShardReader, distributed: bool) -> None:
     """DCP load; without ``distributed`` no process group is used (torch warns that it
     assumes a single process: that is the intent here, so the warning is not shown)."""
     reader.ranks = ((torch.distributed.get_rank(), torch.distributed.get_world_size())
@@ -125,7 +125,7 @@ def dcp_load(state: dict[str, Any], reader: ShardReader, distributed: bool) -> N
         _dcp_load(state, storage_reader=reader, no_dist=not distributed)
 
 
-def load_model_shards(root: Path, manifest: Manifest, headers: Mapping[str, str], index: int,
+def load_model_shards(root: Path, *, manifest: Manifest, headers: Mapping[str, str], index: int,
                       module: nn.Module, strict: bool, distributed: bool
                       ) -> tuple[list[str], list[str]]:
     """Load ``sharded/model_<index>`` into ``module`` at this run's sharding (DCP reshards);
@@ -143,7 +143,7 @@ def load_model_shards(root: Path, manifest: Manifest, headers: Mapping[str, str]
         raise ValueError(f"missing keys {missing[:20]}, unexpected keys {unexpected[:20]} "
                          "(is it the checkpoint of this model?)")
     wanted = {k: v for k, v in state.items() if k in saved}
-    dcp_load(wanted, reader, distributed)
+    dcp_load(wanted, reader=reader, distributed=distributed)
     set_model_state_dict(module, wanted, options=StateDictOptions(strict=False))
     return missing, unexpected
 
@@ -158,7 +158,7 @@ def _restore_hyperparameters(optimizer: torch.optim.Optimizer, groups: list[Any]
     optimizer.state.clear()
 
 
-def load_optimizer_shards(root: Path, manifest: Manifest, headers: Mapping[str, str],
+def load_optimizer_shards(root: Path, *, manifest: Manifest, headers: Mapping[str, str],
                           index: int, module: nn.Module, optimizer: torch.optim.Optimizer,
                           doc: Mapping[str, Any], distributed: bool) -> None:
     """Load ``sharded/optimizer_<index>`` (+ its JSON ``doc``) into ``optimizer`` (collective
@@ -177,8 +177,8 @@ def load_optimizer_shards(root: Path, manifest: Manifest, headers: Mapping[str, 
         for name, key in names.items():
             flat[key] = current[fqn][name]
     if flat:
-        dcp_load(flat, ShardReader(root, optimizer_prefix(index), manifest, headers),
-                  distributed)
+        dcp_load(flat, reader=ShardReader(root, optimizer_prefix(index), manifest, headers),
+                  distributed=distributed)
     state = {fqn: {**plain.get(fqn, {}), **{n: flat[k] for n, k in keys.get(fqn, {}).items()}}
              for fqn in {*keys, *plain}}
     full: Any = {"state": state, "param_groups": doc["param_groups"]}
@@ -197,7 +197,7 @@ def fqn_keyed(module: nn.Module, optimizer: torch.optim.Optimizer,
                              for g in groups]}
 
 
-def load_full_optimizer(module: nn.Module, optimizer: torch.optim.Optimizer,
+def load_full_optimizer(module: nn.Module, *, optimizer: torch.optim.Optimizer,
                         state: Mapping[str, Any], distributed: bool) -> None:
     """Load FQN-keyed full optimizer state (every rank holds all of it; each keeps its
     shards when ``distributed``; collective then)."""

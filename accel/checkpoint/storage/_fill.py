@@ -47,7 +47,7 @@ def _plan(fd: int, size: int, source: str) -> tuple[bytearray, dict[str, Any], l
         return None
     try:
         header, metadata = _st.parse_header(head, source)
-        entries = [(name, *_st.entry_of(entry, name, size - end, source))
+        entries = [(name, *_st.entry_of(entry, name=name, data_size=size - end, source=source))
                    for name, entry in header.items()]
     except CheckpointError:  # the generic path gives the precise error
         return None

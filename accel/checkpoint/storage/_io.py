@@ -15,6 +15,7 @@ Records without ``piece_size`` (checkpoints written by earlier accel versions, m
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import mmap
@@ -202,7 +203,7 @@ class _NoHasher(_Hasher):
         return ""
 
 
-def _read_piece(fd: int, view: memoryview, offset: int, hashing: bool, path: str) -> bytes:
+def _read_piece(fd: int, *, view: memoryview, offset: int, hashing: bool, path: str) -> bytes:
     """Fill ``view`` with the file's bytes from ``offset`` on; the sha256 digest of them."""
     pos = 0
     while pos < len(view):
@@ -308,13 +309,14 @@ def read_hashed(path: str | Path, *, hashing: bool = True, piece_size: int | Non
             return buf, _read_whole(fh, buf, str(path))
         view = memoryview(buf)
         step = piece_size or CHUNK
-        args = [(fh.fileno(), view[i:i + step], i, hashing, str(path))
+        jobs = [functools.partial(_read_piece, fh.fileno(), view=view[i:i + step], offset=i,
+                                  hashing=hashing, path=str(path))
                 for i in range(0, size, step)]
-        if len(args) <= 1:
-            digests = [_read_piece(*a) for a in args]
+        if len(jobs) <= 1:
+            digests = [job() for job in jobs]
         else:
-            with piece_pool(len(args)) as pool:
-                digests = _results([pool.submit(_read_piece, *a) for a in args])
+            with piece_pool(len(jobs)) as pool:
+                digests = _results([pool.submit(job) for job in jobs])
     return buf, _combine(digests) if hashing else ""
 
 

@@ -193,7 +193,7 @@ def parse_header(raw: Buffer | bytes, source: str) -> tuple[dict[str, Any], dict
     return header, metadata
 
 
-def entry_of(entry: Any, name: str, data_size: int, source: str
+def entry_of(entry: Any, *, name: str, data_size: int, source: str
              ) -> tuple[torch.dtype, list[int], int, int]:
     """A header entry's (dtype, shape, begin, end), checked against ``data_size`` bytes of
     tensor data (offsets are relative to the end of the header)."""
@@ -214,8 +214,8 @@ def entry_of(entry: Any, name: str, data_size: int, source: str
     return dtype, shape, begin, end
 
 
-def _tensor(buf: Buffer, start: int, entry: Any, name: str, source: str) -> torch.Tensor:
-    dtype, shape, begin, end = entry_of(entry, name, len(buf) - start, source)
+def _tensor(buf: Buffer, *, start: int, entry: Any, name: str, source: str) -> torch.Tensor:
+    dtype, shape, begin, end = entry_of(entry, name=name, data_size=len(buf) - start, source=source)
     numel = (end - begin) // dtype.itemsize
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
@@ -252,5 +252,6 @@ def parse(buf: Buffer, source: str) -> tuple[dict[str, torch.Tensor], dict[str, 
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict):
         raise _invalid(source, f"__metadata__ is a {type(metadata).__name__}, expected an object")
-    tensors = {name: _tensor(buf, start, entry, name, source) for name, entry in header.items()}
+    tensors = {name: _tensor(buf, start=start, entry=entry, name=name, source=source)
+               for name, entry in header.items()}
     return with_aliases(tensors, metadata, source), metadata

@@ -217,7 +217,7 @@ class ModelFilesWriter:
         return self.directory / (INDEX_NAME if len(self.names) > 1 else WEIGHTS_NAME)
 
 
-def save_model(model: Any, save_directory: str | Path, max_shard_size: int | str = "10GB",
+def save_model(model: Any, *, save_directory: str | Path, max_shard_size: int | str = "10GB",
                safe_serialization: bool = True, metadata: Mapping[str, str] | None = None) -> Path:
     """Save weights the way ``transformers`` names them, sharded above ``max_shard_size``.
 
@@ -288,7 +288,7 @@ def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:
                           "write one with save_model()", path=path)
 
 
-def load_model(model: torch.nn.Module, directory: str | Path, strict: bool = True) -> Any:
+def load_model(model: torch.nn.Module, *, directory: str | Path, strict: bool = True) -> Any:
     """Load weights written by :func:`save_model` (or :func:`save`) into ``model``.
 
     Returns:

@@ -81,7 +81,7 @@ def _new_file(tmpdir: Path, relpath: str) -> HashingWriter:
     return HashingWriter(path)
 
 
-def write_tensors(tmpdir: str | Path, relpath: str, tensors: Mapping[str, torch.Tensor],
+def write_tensors(tmpdir: str | Path, *, relpath: str, tensors: Mapping[str, torch.Tensor],
                   metadata: Mapping[str, str] | None = None) -> FileRecord:
     """Write a safetensors file into ``tmpdir`` (fsynced) and return its size and sha256.
 
@@ -131,7 +131,7 @@ def write_state(tmpdir: str | Path, stem: str, state: Any) -> dict[str, FileReco
     tensors, doc = _state_doc(stem, state)
     records: dict[str, FileRecord] = {}
     if tensors:
-        records[doc["tensors"]] = write_tensors(tmpdir, doc["tensors"], tensors)
+        records[doc["tensors"]] = write_tensors(tmpdir, relpath=doc["tensors"], tensors=tensors)
     records[f"{stem}.json"] = write_json(tmpdir, f"{stem}.json", doc)
     return records
 
@@ -171,7 +171,7 @@ def _file_records(tmpdir: Path, records: Mapping[str, FileRecord]) -> dict[str, 
     return out
 
 
-def _manifest_doc(files: Mapping[str, FileRecord], step: int, world_size: int,
+def _manifest_doc(files: Mapping[str, FileRecord], *, step: int, world_size: int,
                   meta: Mapping[str, Any] | None, accel_version: str) -> dict[str, Any]:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
@@ -204,7 +204,7 @@ def _swap_into_place(tmpdir: Path, target: Path, token: str) -> None:
         shutil.rmtree(old)
 
 
-def finalize(tmpdir: str | Path, target: str | Path, *, step: int, world_size: int,
+def finalize(tmpdir: str | Path, *, target: str | Path, step: int, world_size: int,
              meta: Mapping[str, Any] | None = None,
              records: Mapping[str, FileRecord] | None = None,
              accel_version: str = _ACCEL_VERSION) -> Path:
@@ -228,7 +228,8 @@ def finalize(tmpdir: str | Path, target: str | Path, *, step: int, world_size: i
     if tmpdir.parent.resolve() != target.parent.resolve():
         raise ValueError(f"{tmpdir} and {target} must share a parent for an atomic rename")
     files = _file_records(tmpdir, records or {})
-    doc = _manifest_doc(files, step, world_size, meta, accel_version)
+    doc = _manifest_doc(files, step=step, world_size=world_size, meta=meta,
+                        accel_version=accel_version)
     (tmpdir / MANIFEST).unlink(missing_ok=True)
     with HashingWriter(tmpdir / MANIFEST) as out:
         out.write(json.dumps(doc, indent=1, allow_nan=False).encode("utf-8"))
@@ -275,22 +276,22 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="accel-ckpt")
         self._pending: dict[str, Future[FileRecord]] = {}
 
-    def _submit(self, relpath: str, fn: Callable[..., FileRecord], *args: Any) -> None:
+    def _submit(self, relpath: str, fn: Callable[..., FileRecord], **kwargs: Any) -> None:
         check_relpath(relpath)
         if relpath in self._pending:
             raise ValueError(f"{relpath!r} was already written to this checkpoint; use one "
                              "name per component (e.g. optimizer_1 for a second optimizer)")
-        self._pending[relpath] = self._pool.submit(fn, self.tmpdir, relpath, *args)
+        self._pending[relpath] = self._pool.submit(fn, self.tmpdir, relpath=relpath, **kwargs)
 
     def write_tensors(self, relpath: str, tensors: Mapping[str, torch.Tensor],
                       metadata: Mapping[str, str] | None = None) -> None:
         """Queue a safetensors file (names and tensors are validated now)."""
         _st.plan(tensors)
-        self._submit(relpath, write_tensors, dict(tensors), metadata)
+        self._submit(relpath, write_tensors, tensors=dict(tensors), metadata=metadata)
 
     def write_json(self, relpath: str, value: Any) -> None:
         """Queue a strict-JSON file (serialised now)."""
-        self._submit(relpath, _write_bytes, _json_bytes(value))
+        self._submit(relpath, _write_bytes, data=_json_bytes(value))
 
     def write_state(self, stem: str, state: Any) -> None:
         """Queue ``<stem>.json`` (+ ``<stem>.safetensors``); see :func:`write_state`."""
@@ -298,8 +299,8 @@ class CheckpointWriter:
         data = _json_bytes(doc)  # everything that can fail, before anything is queued
         if tensors:
             _st.plan(tensors)  # a tensor safetensors cannot hold fails here, not in a thread
-            self._submit(doc["tensors"], write_tensors, tensors, None)
-        self._submit(f"{stem}.json", _write_bytes, data)
+            self._submit(doc["tensors"], write_tensors, tensors=tensors, metadata=None)
+        self._submit(f"{stem}.json", _write_bytes, data=data)
 
     def wait(self) -> dict[str, FileRecord]:
         """Wait for every queued file; return their records (raises the first failure)."""
@@ -314,7 +315,8 @@ class CheckpointWriter:
             mine = self.wait()
         finally:
             self.close()
-        return finalize(self.tmpdir, self.target, step=step, world_size=world_size, meta=meta,
+        return finalize(self.tmpdir, target=self.target, step=step, world_size=world_size,
+                        meta=meta,
                         records={**(records or {}), **mine}, accel_version=accel_version)
 
     def close(self) -> None:

@@ -129,11 +129,12 @@ class Attendance:
         peers = {r: _Peer() for r in range(1, self.world_size)}
         reason, timed_out, delay = "", False, _POLL[0]
         while True:
-            self._claim_arrivals(store, peers, here, number)
+            self._claim_arrivals(store, peers=peers, here=here, number=number)
             waiting = [r for r, p in peers.items() if not p.nonce]
             if not waiting:
                 break
-            reason, timed_out = self._gone_on(store, peers, waiting, here, start)
+            reason, timed_out = self._gone_on(store, peers=peers, waiting=waiting, here=here,
+                                              start=start)
             if reason:
                 break
             time.sleep(delay)
@@ -176,7 +177,7 @@ class Attendance:
                 kept.append((place, number))
         self._alone = kept
 
-    def _claim_arrivals(self, store: dist.Store, peers: dict[int, _Peer], here: Progress,
+    def _claim_arrivals(self, store: dist.Store, *, peers: dict[int, _Peer], here: Progress,
                         number: int) -> None:
         for rank, peer in peers.items():
             key = f"arrive/{rank}"
@@ -190,7 +191,7 @@ class Attendance:
                     == f"main{number}".encode():
                 peer.nonce = nonce
 
-    def _gone_on(self, store: dist.Store, peers: dict[int, _Peer], waiting: list[int],
+    def _gone_on(self, store: dist.Store, *, peers: dict[int, _Peer], waiting: list[int],
                  here: Progress, start: float) -> tuple[str, bool]:
         """Why rank 0 goes on without the ``waiting`` ranks now ("" to wait on), and whether
         because a wait ran out."""

@@ -48,7 +48,7 @@ def worker() -> None:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
+    group = start_process_group(ctx, info=info, device=device)
     try:
         comm = Communicator(ctx)
         world, rank = ctx.world_size, ctx.rank

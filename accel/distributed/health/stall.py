@@ -168,7 +168,7 @@ class CollectiveMonitor:
         self._requested: int | None = None
         self._agreed: int | None = None
         self._handling = False
-        self._publish(0, "start", call_site(sys._getframe(1)))
+        self._publish(0, op="start", site=call_site(sys._getframe(1)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy lives in another process (a DataLoader worker started with spawn, say) that
@@ -231,7 +231,7 @@ class CollectiveMonitor:
         if self._thread is None:
             self._start_thread()
 
-    def _publish(self, seq: int, op: str, site: str, when: float | None = None,
+    def _publish(self, seq: int, *, op: str, site: str, when: float | None = None,
                  store: dist.Store | None = None) -> None:
         store = store if store is not None else self._store
         if store is None:
@@ -383,7 +383,8 @@ class CollectiveMonitor:
             try:
                 last = self._last
                 if last is not published and last is not None:
-                    self._publish(*last, store=store)
+                    seq, op, site, when = last
+                    self._publish(seq, op=op, site=site, when=when, store=store)
                     published = last
                 now = self.progress
                 if now != progress:
@@ -428,7 +429,8 @@ class CollectiveMonitor:
         positions = read_positions(store, self.world_size)
         mine = Position(rank=self.rank, seq=seq, op=op, site=site,
                         wall=time.time() - (time.monotonic() - started))
-        text = format_stall_report(mine, positions, time.time(), self.timeout, self.threshold)
+        text = format_stall_report(mine, positions=positions, now=time.time(), timeout=self.timeout,
+                                   threshold=self.threshold)
         print(text, file=self._stream or sys.stderr, flush=True)
 
     def _say(self, message: str) -> None:

@@ -5,7 +5,8 @@ Pure functions (no torch, no store) so that the wording is unit-tested.
 Example:
     >>> me = Position(rank=0, seq=3, op="barrier", site="train.py:20", wall=100.0)
     >>> other = Position(rank=1, seq=2, op="gather", site="train.py:15", wall=99.0)
-    >>> text = format_stall_report(me, [me, other], now=102.0, timeout=10.0, threshold=2.0)
+    >>> text = format_stall_report(me, positions=[me, other], now=102.0, timeout=10.0,
+    ...                            threshold=2.0)
     >>> "rank 1" in text and "not in a collective since #2 gather at train.py:15" in text
     True
 """
@@ -105,7 +106,7 @@ def _summary(me: Position, positions: Sequence[Position | None]) -> str:
     return head + "; ".join(parts) + tail
 
 
-def format_stall_report(me: Position, positions: Sequence[Position | None], now: float,
+def format_stall_report(me: Position, *, positions: Sequence[Position | None], now: float,
                         timeout: float | None, threshold: float) -> str:
     """The stall report printed once per stalled collective (rank lines folded by state)."""
     groups: dict[str, tuple[list[int], str]] = {}

@@ -58,7 +58,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> R:
         session = current()
         resume(state, session)
-        result = _call(func, state, args, kwargs)
+        result = _call(func, state=state, args=args, kwargs=kwargs)
         session.comm.barrier()  # every rank is done with the commits
         state.clear_commits()
         session.comm.barrier()
@@ -68,7 +68,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     return wrapper
 
 
-def _call(func: Callable[..., R], state: State, args: tuple[Any, ...],
+def _call(func: Callable[..., R], *, state: State, args: tuple[Any, ...],
           kwargs: dict[str, Any]) -> R:
     while True:
         try:

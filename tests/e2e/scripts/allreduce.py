@@ -17,7 +17,7 @@ def main() -> None:
     info = detect_launch()
     device = select_device(settings=read_settings())
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device)
+    group = start_process_group(ctx, info=info, device=device)
     comm = Communicator(ctx)
     total = comm.reduce(torch.tensor([float(ctx.rank + 1)]), "sum").item()
     ranks = comm.gather(torch.tensor([ctx.rank])).tolist()

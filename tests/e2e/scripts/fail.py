@@ -33,7 +33,7 @@ def main() -> None:
     info = detect_launch()
     device = select_device(cpu=True)
     ctx = build_context(info, device)
-    start_process_group(ctx, info, device)
+    start_process_group(ctx, info=info, device=device)
     comm = Communicator(ctx)
     loader = DataLoader(list(range(64)), batch_size=2, num_workers=2, worker_init_fn=record_pid,
                         persistent_workers=True)

@@ -25,7 +25,7 @@ def main() -> int:
     info = detect_launch()
     device = select_device(cpu="--cpu" in sys.argv)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device, timeout=timedelta(seconds=60))
+    group = start_process_group(ctx, info=info, device=device, timeout=timedelta(seconds=60))
     value = torch.tensor([float(ctx.rank + 1)])
     dist.all_reduce(value)
     report = {

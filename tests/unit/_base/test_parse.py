@@ -21,7 +21,7 @@ from accel._base.parse import (
     (65535, {"minimum": 0, "maximum": 65535}, 65535), (7, {"strict": True}, 7),
 ])
 def test_parse_int_accepts(value: object, kwargs: dict[str, object], expected: int) -> None:
-    assert parse_int(value, "n", **kwargs) == expected  # type: ignore[arg-type]
+    assert parse_int(value, name="n", **kwargs) == expected  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value,kwargs,message", [
@@ -38,17 +38,17 @@ def test_parse_int_accepts(value: object, kwargs: dict[str, object], expected: i
 def test_parse_int_refuses_with_what_was_found_and_expected(
         value: object, kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError) as err:
-        parse_int(value, "n", **kwargs)  # type: ignore[arg-type]
+        parse_int(value, name="n", **kwargs)  # type: ignore[arg-type]
     assert str(err.value) == message
 
 
 def test_messages_without_a_name_and_with_a_noun_and_a_hint() -> None:
     with pytest.raises(ValueError, match=r"^must be a port in \[0, 65535\], got '70000'$"):
-        parse_int("70000", "", minimum=0, maximum=65535, what="a port")
+        parse_int("70000", name="", minimum=0, maximum=65535, what="a port")
     with pytest.raises(ValueError, match="got 0; pass 1 or more$"):
-        parse_int(0, "steps", minimum=1, hint="pass 1 or more")
+        parse_int(0, name="steps", minimum=1, hint="pass 1 or more")
     with pytest.raises(ValueError, match=r"^t must be a number of seconds > 0, got 'soon'$"):
-        parse_float("soon", "t", above=0, what="a number of seconds")
+        parse_float("soon", name="t", above=0, what="a number of seconds")
 
 
 @pytest.mark.parametrize("value,kwargs,ok", [
@@ -60,28 +60,28 @@ def test_messages_without_a_name_and_with_a_noun_and_a_hint() -> None:
 def test_parse_float(value: object, kwargs: dict[str, object], ok: float | None) -> None:
     if ok is None:
         with pytest.raises(ValueError, match=f"got {value!r}"):
-            parse_float(value, "x", **kwargs)  # type: ignore[arg-type]
+            parse_float(value, name="x", **kwargs)  # type: ignore[arg-type]
     else:
-        assert parse_float(value, "x", **kwargs) == ok  # type: ignore[arg-type]
+        assert parse_float(value, name="x", **kwargs) == ok  # type: ignore[arg-type]
 
 
 def test_parse_bool_and_is_true() -> None:
-    assert all(parse_bool(word.upper(), "b") for word in TRUE_WORDS)
-    assert not any(parse_bool(f" {word} ", "b") for word in FALSE_WORDS)
-    assert parse_bool(True, "b", strict=True) is True
-    assert parse_bool("", "b", empty=False) is False
+    assert all(parse_bool(word.upper(), name="b") for word in TRUE_WORDS)
+    assert not any(parse_bool(f" {word} ", name="b") for word in FALSE_WORDS)
+    assert parse_bool(True, name="b", strict=True) is True
+    assert parse_bool("", name="b", empty=False) is False
     for bad, kwargs in (("maybe", {}), ("", {}), (1, {}), ("yes", {"strict": True})):
         with pytest.raises(ValueError, match=r"b must be true or false .* got"):
-            parse_bool(bad, "b", **kwargs)  # type: ignore[arg-type]
+            parse_bool(bad, name="b", **kwargs)  # type: ignore[arg-type]
     assert is_true(" On") and not is_true("maybe") and not is_true("")
 
 
 def test_parse_choice() -> None:
-    assert parse_choice(" BF16 ", "mp", ("no", "fp16", "bf16")) == "bf16"
-    assert parse_choice("gpu", "device", ("cpu", "cuda"), aliases={"gpu": "cuda"}) == "cuda"
+    assert parse_choice(" BF16 ", name="mp", choices=("no", "fp16", "bf16")) == "bf16"
+    assert parse_choice("gpu", name="device", choices=("cpu", "cuda"), aliases={"gpu": "cuda"}) == "cuda"
     with pytest.raises(ValueError, match=r"^device='tpu9' is not a device kind; expected one "
                                          r"of cpu, cuda$"):
-        parse_choice("tpu9", "device", ("cpu", "cuda"), what="a device kind")
+        parse_choice("tpu9", name="device", choices=("cpu", "cuda"), what="a device kind")
 
 
 def test_parse_gpu_ids() -> None:

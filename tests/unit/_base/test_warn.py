@@ -153,7 +153,7 @@ def test_a_data_warning_from_a_context_manager_names_the_with_line() -> None:
                                    config=DataLoaderConfiguration(), tracker=DataTracker(), seed=0)
     with pytest.warns(UserWarning, match="only supported for map-style datasets") as caught:
         line = sys._getframe().f_lineno + 1
-        with override_even_batches([loader], False):
+        with override_even_batches([loader], even=False):
             pass
     assert (caught[0].filename, caught[0].lineno) == (__file__, line)
 

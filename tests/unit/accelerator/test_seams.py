@@ -74,7 +74,7 @@ def test_single_device_strategy_operations_are_plain_torch() -> None:
     state = strategy.model_state_dict(compiled_like)
     assert set(state) == {"weight", "bias"}
     fresh = nn.Linear(3, 2)
-    result = strategy.load_model_state_dict(fresh, state)
+    result = strategy.load_model_state_dict(fresh, state=state)
     assert not result.missing_keys and torch.equal(fresh.weight, model.weight)
 
 

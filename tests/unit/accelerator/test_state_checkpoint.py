@@ -267,13 +267,13 @@ def test_one_warning_says_what_ranks_without_saved_states_get() -> None:
     from accel.checkpoint.protocol.load import _rank_state_note
 
     path = Path("ckpt")
-    assert _rank_state_note(path, 2, 2, frozenset()) is None
-    alone = _rank_state_note(path, 3, 3, frozenset({1, 2}))
+    assert _rank_state_note(path, saved_world=2, world=2, absent=frozenset()) is None
+    alone = _rank_state_note(path, saved_world=3, world=3, absent=frozenset({1, 2}))
     assert alone is not None and "main process alone" in alone and "ranks [1, 2]" in alone
     assert "seeded deterministically from the step" in alone and "rank 0's position" in alone
-    grown = _rank_state_note(path, 2, 3, frozenset({1}))
+    grown = _rank_state_note(path, saved_world=2, world=3, absent=frozenset({1}))
     assert grown is not None and "written by 2 process(es)" in grown and "ranks [1]" in grown
-    shrunk = _rank_state_note(path, 2, 1, frozenset({1}))  # rank 1 is not in this job
+    shrunk = _rank_state_note(path, saved_world=2, world=1, absent=frozenset({1}))  # rank 1 is not in this job
     assert shrunk is not None and "main process alone" not in shrunk
 
 

@@ -220,10 +220,10 @@ def test_sharded_dcp_state_is_refused_with_what_works(tmp_path: Path) -> None:
                        accumulation_steps=1, sync_gradients=True, optimizer_steps=0,
                        loaded_dir=None)
     with pytest.raises(CheckpointError, match="SHARDED_STATE_DICT.*FULL_STATE_DICT"):
-        save_run(comm, snap, str(tmp_path / "c"), None, None, None, blocking=False,
+        save_run(comm, snap=snap, output_dir=str(tmp_path / "c"), total_limit=None, project_dir=None, project_total_limit=None, blocking=False,
                  background=BackgroundSaves())
     with pytest.raises(ValueError, match="needs background"):
-        save_run(comm, snap, str(tmp_path / "c"), None, None, None, blocking=False)
+        save_run(comm, snap=snap, output_dir=str(tmp_path / "c"), total_limit=None, project_dir=None, project_total_limit=None, blocking=False)
 
 
 def test_host_copy_shares_no_memory() -> None:

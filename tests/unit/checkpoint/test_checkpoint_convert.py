@@ -95,7 +95,7 @@ def test_malicious_pickles_are_reported_by_name_and_never_run(tmp_path: Path) ->
     torch.save(_Payload(marker), acc / "sampler.bin")  # never read at all
     torch.save({"_num_yielded": _Payload(marker)}, acc / "dl_state_dict.bin")
 
-    report = convert_accelerate_checkpoint(acc, tmp_path / "out")
+    report = convert_accelerate_checkpoint(acc, output=tmp_path / "out")
     assert not marker.exists(), "a payload ran"
     got = _results(report)
     assert [f.file for f in report.converted] == ["random_states_0.pkl"]
@@ -120,7 +120,7 @@ def test_malicious_pickles_are_reported_by_name_and_never_run(tmp_path: Path) ->
         accelerator.load_state(str(tmp_path / "out"))
 
     with pytest.raises(ConversionRefused, match="6 file.*custom_checkpoint_0.pkl") as info:
-        convert_accelerate_checkpoint(acc, tmp_path / "strict", strict=True)
+        convert_accelerate_checkpoint(acc, output=tmp_path / "strict", strict=True)
     assert info.value.report.output is None and len(info.value.report.skipped) == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == ["acc", "out", "probe"]  # no temp dir
     assert not marker.exists()
@@ -138,7 +138,7 @@ def test_ranks_devices_and_the_compile_prefix(tmp_path: Path) -> None:
     weights = {"_orig_mod.module.weight": torch.ones(2, 2),
                "_orig_mod.module.bias": torch.zeros(2)}
     torch.save(weights, acc / "pytorch_model.bin")
-    report = convert_accelerate_checkpoint(acc, tmp_path / "out")
+    report = convert_accelerate_checkpoint(acc, output=tmp_path / "out")
     assert report.world_size == read_manifest(tmp_path / "out").world_size == 2
     got = _results(report)
     assert "removed torch.compile's prefix _orig_mod." in got["pytorch_model.bin"][2]
@@ -176,7 +176,7 @@ def test_loaders_unknown_files_and_missing_ranks_are_reported(tmp_path: Path) ->
     torch.save(nn.Linear(2, 2).state_dict(), acc / "pytorch_model.bin")
     # both weight files for model 0: the safetensors one is converted
     save_file({"weight": torch.ones(2, 2), "bias": torch.ones(2)}, str(acc / "model.safetensors"))
-    report = convert_accelerate_checkpoint(acc, tmp_path / "out")
+    report = convert_accelerate_checkpoint(acc, output=tmp_path / "out")
     got = _results(report)
     assert report.world_size == 3
     assert got["model.safetensors"] == ("converted", "model_0.safetensors", "2 tensors")
@@ -217,7 +217,7 @@ def test_registered_state_is_carried_when_it_is_plain_and_named_when_not(tmp_pat
     torch.save(plain, acc / "custom_checkpoint_0.pkl")
     torch.save({"cfg": _Config()}, acc / "custom_checkpoint_1.pkl")
     torch.save({"z": torch.zeros(2, dtype=torch.complex128)}, acc / "custom_checkpoint_2.pkl")
-    report = convert_accelerate_checkpoint(acc, tmp_path / "out")
+    report = convert_accelerate_checkpoint(acc, output=tmp_path / "out")
     got = _results(report)
     assert got["custom_checkpoint_0.pkl"][:2] == ("converted", "custom_0")
     assert f"{__name__}._Config" in got["custom_checkpoint_1.pkl"][2]

@@ -61,17 +61,17 @@ def test_a_plan_knows_who_writes_what() -> None:
 
 def test_fsdp_state_is_refused_where_no_copy_could_be_complete() -> None:
     two = _plan([(0, "a"), (2, "b")])
-    assert copies.refusal(two, [0, 0, 1, 1], distributed=False, sharded=False) is None
+    assert copies.refusal(two, mines=[0, 0, 1, 1], distributed=False, sharded=False) is None
     for sharded in (True, False):
-        error = copies.refusal(two, [0, 0, 1, 1], distributed=True, sharded=sharded)
+        error = copies.refusal(two, mines=[0, 0, 1, 1], distributed=True, sharded=sharded)
         assert error is not None and "2 copies" in str(error) and "save_model" in str(error)
         # a directory every machine shares: one copy, rank 0's
-        assert copies.refusal(two, [0, 0, 0, 0], distributed=True, sharded=sharded) is None
+        assert copies.refusal(two, mines=[0, 0, 0, 0], distributed=True, sharded=sharded) is None
     plain = _plan([(0, "ckpt")], each_node=False)
-    unseen = copies.refusal(plain, [0, None], distributed=True, sharded=True)
+    unseen = copies.refusal(plain, mines=[0, None], distributed=True, sharded=True)
     assert unseen is not None and "ranks [1] do not see ckpt" in str(unseen)
     # FULL_STATE_DICT: the main process holds all of it, the other ranks hand over their states
-    assert copies.refusal(plain, [0, None], distributed=True, sharded=False) is None
+    assert copies.refusal(plain, mines=[0, None], distributed=True, sharded=False) is None
 
 
 def test_the_main_process_says_once_that_other_machines_have_no_checkpoint() -> None:
@@ -94,7 +94,7 @@ def test_a_copy_is_withdrawn_when_another_machine_could_not_seal_its_own(tmp_pat
     target = _complete(tmp_path / "checkpoints" / "checkpoint_3")
     plan = _plan([(0, str(target)), (1, "elsewhere/checkpoint_3")])
     failed = CheckpointError("machine 1: disk full")
-    error = seal._seal_copies(lambda obj: [obj[0], failed], plan, 0, None, None, [])
+    error = seal._seal_copies(lambda obj: [obj[0], failed], plan=plan, writing=0, error=None, limit=None, keep=[])
     assert error is failed and not target.exists()
 
 
@@ -102,10 +102,10 @@ def test_copies_rotate_only_once_every_machine_sealed(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
     old = [_complete(root / f"checkpoint_{n}") for n in range(3)]
     plan = _plan([(0, str(old[-1])), (1, "elsewhere/checkpoint_2")])
-    assert seal._seal_copies(lambda obj: [obj[0], None], plan, 0, None, 2, []) is None
+    assert seal._seal_copies(lambda obj: [obj[0], None], plan=plan, writing=0, error=None, limit=2, keep=[]) is None
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_1", "checkpoint_2"]
     rotated = CheckpointError("machine 1: rotation failed")
-    assert seal._seal_copies(lambda obj: [obj[0], rotated], plan, 0, None, 2, []) is rotated
+    assert seal._seal_copies(lambda obj: [obj[0], rotated], plan=plan, writing=0, error=None, limit=2, keep=[]) is rotated
 
 
 def test_load_state_ranks_agree_on_their_machines_copies() -> None:

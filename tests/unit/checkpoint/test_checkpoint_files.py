@@ -190,11 +190,11 @@ def test_planted_pickle_in_any_checkpoint_file_is_never_unpickled(
 def test_save_model_single_file_and_sharded(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(5)])
-    single = save_model(model, tmp_path / "single")
+    single = save_model(model, save_directory=tmp_path / "single")
     assert single == tmp_path / "single" / "model.safetensors"
     _equal(load_model_state(tmp_path / "single"), model.state_dict())
 
-    out = save_model(model, tmp_path / "sharded", max_shard_size="5KB")  # 4224 B per layer
+    out = save_model(model, save_directory=tmp_path / "sharded", max_shard_size="5KB")  # 4224 B per layer
     names = sorted(p.name for p in (tmp_path / "sharded").iterdir())
     assert out.name == "model.safetensors.index.json"
     assert names == ["model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
@@ -209,22 +209,22 @@ def test_save_model_single_file_and_sharded(tmp_path: Path) -> None:
     _equal(load_model_state(tmp_path / "sharded"), model.state_dict())
     _equal(load_model_state(out), model.state_dict())
     fresh = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(5)])
-    load_model(fresh, tmp_path / "sharded")
+    load_model(fresh, directory=tmp_path / "sharded")
     _equal(fresh.state_dict(), model.state_dict())
 
-    save_model(model, tmp_path / "sharded")  # re-save unsharded: stale shards and index removed
+    save_model(model, save_directory=tmp_path / "sharded")  # re-save unsharded: stale shards and index removed
     assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == ["model.safetensors"]
 
 
 def test_save_model_tied_weights_sharded(tmp_path: Path) -> None:
     model = _Tied()
-    out = save_model(model, tmp_path, max_shard_size=100)
+    out = save_model(model, save_directory=tmp_path, max_shard_size=100)
     index = json.loads(out.read_text())
     assert "head.weight" not in index["weight_map"]  # like transformers: stored once
     loaded = load_model_state(tmp_path)
     _equal(loaded, model.state_dict())
     with pytest.warns(UserWarning, match=r"safe_serialization=False\) is ignored"):
-        save_model(model, tmp_path / "x", safe_serialization=False)
+        save_model(model, save_directory=tmp_path / "x", safe_serialization=False)
     assert (tmp_path / "x" / "model.safetensors").exists()
 
 

@@ -168,10 +168,10 @@ def test_ranks_write_into_one_temp_dir_and_rank0_finalizes(tmp_path: Path) -> No
         tmpdir.mkdir(parents=True, exist_ok=True)
         records.update(write_state(tmpdir, f"rng/rank_{rank}", {"seed": torch.tensor(rank)}))
         if rank == 0:
-            records["model.safetensors"] = write_tensors(tmpdir, "model.safetensors",
-                                                         {"w": torch.ones(3)})
+            records["model.safetensors"] = write_tensors(tmpdir, relpath="model.safetensors",
+                                                         tensors={"w": torch.ones(3)})
     (temp_dir_for(target, token) / "extra.json").write_text("{}")  # unreported: hashed by rank 0
-    ckpt = finalize(temp_dir_for(target, token), target, step=3, world_size=2, records=records)
+    ckpt = finalize(temp_dir_for(target, token), target=target, step=3, world_size=2, records=records)
     manifest = verify(ckpt)
     assert manifest.world_size == 2 and "extra.json" in manifest.files
     assert read_state(ckpt, "rng/rank_1")["seed"].item() == 1

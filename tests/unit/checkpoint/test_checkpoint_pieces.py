@@ -170,7 +170,7 @@ def test_files_the_direct_path_skips_still_load_verified(tmp_path: Path,
     tmp = temp_dir_for(target, "tok")
     tmp.mkdir()
     _write_gapped(tmp / "gapped.safetensors")  # unreported: finalize hashes it
-    ckpt = finalize(tmp, target, step=0, world_size=1)
+    ckpt = finalize(tmp, target=target, step=0, world_size=1)
     record = read_manifest(ckpt).files["gapped.safetensors"]
     assert record.piece_size == 1000
     assert _fill.read_tensors(ckpt / "gapped.safetensors", record) is None  # read whole
@@ -236,9 +236,9 @@ def test_no_piece_thread_outlives_a_save_verify_or_load(tmp_path: Path,
 
 def test_header_parsing_helpers_validate_entries() -> None:
     with pytest.raises(CheckpointError, match="does not match"):
-        _st.entry_of({"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}, "w", 8, "f")
-    assert _st.entry_of({"dtype": "F16", "shape": [2, 2], "data_offsets": [8, 16]}, "w", 16,
-                        "f") == (torch.float16, [2, 2], 8, 16)
+        _st.entry_of({"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}, name="w", data_size=8, source="f")
+    assert _st.entry_of({"dtype": "F16", "shape": [2, 2], "data_offsets": [8, 16]}, name="w", data_size=16,
+                        source="f") == (torch.float16, [2, 2], 8, 16)
 
 
 def test_a_hashing_failure_fails_the_write_and_removes_the_file(

@@ -91,7 +91,7 @@ def test_save_and_load_through_model_io_return_what_the_caller_applies(tmp_path:
     io, counter = _InnerIO(), _Counter(3)
     model = _Wrapper(nn.Linear(2, 2))
     snap = _snapshot(model, io, counter, scaler=_NoScaler())
-    path = save_run(_comm(), snap, None, None, tmp_path, None)
+    path = save_run(_comm(), snap=snap, output_dir=None, total_limit=None, project_dir=tmp_path, project_total_limit=None)
     manifest = read_manifest(path)
     assert path.name == "checkpoint_0" and manifest.step == 7
     assert manifest.accel_version == accel.__version__  # passed in by the protocol
@@ -102,7 +102,7 @@ def test_save_and_load_through_model_io_return_what_the_caller_applies(tmp_path:
     with torch.no_grad():
         model.inner.weight.add_(1.0)
     counter.n = 0
-    loaded = load_run(_comm(), snap, None, tmp_path, strict=True)
+    loaded = load_run(_comm(), snap=snap, input_dir=None, project_dir=tmp_path, strict=True)
     assert loaded == LoadedRun(path=path, accumulation_step=1, optimizer_steps=7)
     assert all(torch.equal(v, model.inner.state_dict()[k]) for k, v in before.items())
     assert counter.n == 3 and io.calls == ["save", "load strict=True"]
@@ -110,29 +110,29 @@ def test_save_and_load_through_model_io_return_what_the_caller_applies(tmp_path:
 
 def test_total_limit_keeps_the_loaded_one_and_warns_with_an_output_dir(tmp_path: Path) -> None:
     snap = _snapshot(_Wrapper(nn.Linear(1, 1)), _InnerIO(), _Counter())
-    first = save_run(_comm(), snap, None, None, tmp_path, None)
+    first = save_run(_comm(), snap=snap, output_dir=None, total_limit=None, project_dir=tmp_path, project_total_limit=None)
     kept = dataclasses.replace(snap, loaded_dir=first)
     for _ in range(2):
-        save_run(_comm(), kept, None, 1, tmp_path, 5)  # total_limit wins over the project's
+        save_run(_comm(), snap=kept, output_dir=None, total_limit=1, project_dir=tmp_path, project_total_limit=5)  # total_limit wins over the project's
     assert sorted(p.name for p in first.parent.iterdir()) == ["checkpoint_0", "checkpoint_2"]
     with pytest.warns(UserWarning, match="total_limit=1.*ignored"):
-        save_run(_comm(), snap, tmp_path / "explicit", 1, tmp_path, None)
+        save_run(_comm(), snap=snap, output_dir=tmp_path / "explicit", total_limit=1, project_dir=tmp_path, project_total_limit=None)
     mid_group = dataclasses.replace(snap, sync_gradients=False)
     with pytest.warns(UserWarning, match="micro-step 1 of 2"):
-        save_run(_comm(), mid_group, tmp_path / "explicit", None, None, None)
+        save_run(_comm(), snap=mid_group, output_dir=tmp_path / "explicit", total_limit=None, project_dir=None, project_total_limit=None)
 
 
 def test_missing_project_dir_and_missing_checkpoints_say_what_to_do(tmp_path: Path) -> None:
     snap = _snapshot(_Wrapper(nn.Linear(1, 1)), _InnerIO(), _Counter())
     with pytest.raises(ValueError, match="needs Accelerator\\(project_dir"):
-        save_run(_comm(), snap, None, None, None, None)
-    assert load_run(_comm(), snap, None, tmp_path, missing_ok=True) is None
+        save_run(_comm(), snap=snap, output_dir=None, total_limit=None, project_dir=None, project_total_limit=None)
+    assert load_run(_comm(), snap=snap, input_dir=None, project_dir=tmp_path, missing_ok=True) is None
     with pytest.raises(FileNotFoundError, match="missing_ok=True"):
-        load_run(_comm(), snap, None, tmp_path)
-    path = save_run(_comm(), snap, None, None, tmp_path, None)
+        load_run(_comm(), snap=snap, input_dir=None, project_dir=tmp_path)
+    path = save_run(_comm(), snap=snap, output_dir=None, total_limit=None, project_dir=tmp_path, project_total_limit=None)
     (path / "custom_0.json").write_text("{}")
     with pytest.raises(CheckpointError, match="custom_0"):
-        load_run(_comm(), snap, path, None)
+        load_run(_comm(), snap=snap, input_dir=path, project_dir=None)
 
 
 def test_check_registrable_names_the_type() -> None:
@@ -172,12 +172,12 @@ def test_storage_knows_no_collectives_and_protocol_no_facade() -> None:
 
 def _facade_load(snap: RunSnapshot, path: Path) -> Any:
     """Stands for Accelerator.load_state: warnings must name the line that calls it."""
-    return load_run(_comm(), snap, path, None, strict=False)
+    return load_run(_comm(), snap=snap, input_dir=path, project_dir=None, strict=False)
 
 
 def test_lenient_load_warnings_name_the_caller_of_the_facade(tmp_path: Path) -> None:
     snap = _snapshot(_Wrapper(nn.Linear(2, 2)), _InnerIO(), _Counter())
-    path = save_run(_comm(), snap, tmp_path / "ckpt", None, None, None)
+    path = save_run(_comm(), snap=snap, output_dir=tmp_path / "ckpt", total_limit=None, project_dir=None, project_total_limit=None)
     (path / "custom_0.json").write_text("{}")  # corrupt: skipped with a warning
     other = _snapshot(_Wrapper(nn.Sequential(nn.Linear(2, 2))), _InnerIO(), _Counter())
     with pytest.warns(UserWarning) as caught:
@@ -188,7 +188,7 @@ def test_lenient_load_warnings_name_the_caller_of_the_facade(tmp_path: Path) -> 
 
 def _facade_save(comm: Communicator, snap: RunSnapshot, path: Path, attendance: Any) -> Path:
     """Stands for Accelerator.save_state: warnings must name the line that calls it."""
-    return save_run(comm, snap, path, None, None, None, attendance)
+    return save_run(comm, snap=snap, output_dir=path, total_limit=None, project_dir=None, project_total_limit=None, attendance=attendance)
 
 
 def test_main_only_save_writes_alone_and_a_late_rank_takes_its_outcome(tmp_path: Path) -> None:

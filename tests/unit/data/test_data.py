@@ -66,7 +66,7 @@ def _prepared(loader: DataLoader, rank: int = 0, world: int = 1, seed: int = 0,
               **config: Any) -> PreparedDataLoader:
     cfg = DataLoaderConfiguration(**{"use_seedable_sampler": True, **config})
     ctx = _ctx(rank, world)
-    source = select_source(loader, ctx, cfg, seed, Communicator(_ctx()))
+    source = select_source(loader, ctx=ctx, config=cfg, seed=seed, comm=Communicator(_ctx()))
     return PreparedDataLoader(loader, source, ctx=ctx, device=torch.device("cpu"), config=cfg,
                               tracker=DataTracker(), seed=seed)
 

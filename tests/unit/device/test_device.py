@@ -193,7 +193,7 @@ def test_cuda_binding_per_local_rank_without_a_group() -> None:
                       local_world_size=CUDADevice.count(), node_rank=0, master_addr="127.0.0.1",
                       master_port=29500)
     ctx = build_context(info, device)
-    group = start_process_group(ctx, info, device, timeout=timedelta(seconds=60))
+    group = start_process_group(ctx, info=info, device=device, timeout=timedelta(seconds=60))
     try:
         assert ctx.device == torch.device("cuda", local_rank) and ctx.backend == "nccl"
         assert torch.cuda.current_device() == local_rank

@@ -213,7 +213,7 @@ def test_xla_process_group_uses_xla_init_method(fake_xla: ModuleType,
     info, ctx = _xla_context(world=4, rank=1)
     assert (ctx.backend, ctx.device, ctx.rank, ctx.world_size) == \
         ("xla", torch.device("xla", 0), 1, 4)
-    handle = start_process_group(ctx, info, XLADevice(), timeout=timedelta(seconds=42))
+    handle = start_process_group(ctx, info=info, device=XLADevice(), timeout=timedelta(seconds=42))
     assert ("import xla_backend",) in fake_xla.CALLS  # registers the "xla" backend first
     assert calls == [{"backend": "xla", "init_method": "xla://", "rank": 1, "world_size": 4,
                       "timeout": timedelta(seconds=42)}]
@@ -226,7 +226,7 @@ def test_xla_process_group_keeps_an_explicit_init_method(
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(kw))
     info, ctx = _xla_context(world=2)
-    start_process_group(ctx, info, XLADevice(), init_method="tcp://127.0.0.1:1234")
+    start_process_group(ctx, info=info, device=XLADevice(), init_method="tcp://127.0.0.1:1234")
     assert calls[0]["init_method"] == "tcp://127.0.0.1:1234" and calls[0]["backend"] == "xla"
 
 
@@ -235,7 +235,7 @@ def test_xla_world_size_one_starts_no_group(fake_xla: ModuleType,
     monkeypatch.setattr(dist, "init_process_group",
                         lambda **kw: pytest.fail("no process group at world size 1"))
     info, ctx = _xla_context(world=1)
-    assert not start_process_group(ctx, info, XLADevice()).active
+    assert not start_process_group(ctx, info=info, device=XLADevice()).active
     assert ("import xla_backend",) not in fake_xla.CALLS
 
 

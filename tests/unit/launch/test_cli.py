@@ -28,7 +28,7 @@ def settings(argv: list[str], environ: Mapping[str, str] | None = None,
     args = cli.build_parser().parse_args(["launch", *argv])
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command"}
     flags["python"] = PY
-    return resolve_settings(flags, environ or {}, config, gpu_count=lambda: gpus,
+    return resolve_settings(flags, environ=environ or {}, config=config, gpu_count=lambda: gpus,
                             cpu_count=cpus, run_id="RID", is_local_address=lambda ip: ip in local,
                             free_port=lambda: 12345)
 
@@ -295,12 +295,12 @@ def _error_data(message: str, tb: str, t: int) -> dict[str, Any]:
 
 
 def test_root_cause_is_the_real_error_not_the_peer_loss() -> None:
-    peer = failure_from_error_data(0, 0, 10, 1, _error_data(
+    peer = failure_from_error_data(0, local_rank=0, pid=10, exitcode=1, data=_error_data(
         "RuntimeError: Connection closed by peer", "Traceback\nRuntimeError: Connection closed "
-        "by peer", 1), 0)
-    real = failure_from_error_data(1, 1, 11, 1, _error_data(
-        "ValueError: boom", "Traceback (most recent call last):\nValueError: boom", 2), 0)
-    killed = failure_from_error_data(2, 0, 12, -15, {"message": "<NONE>"}, 0)  # torch's "none"
+        "by peer", 1), fallback_time_ns=0)
+    real = failure_from_error_data(1, local_rank=1, pid=11, exitcode=1, data=_error_data(
+        "ValueError: boom", "Traceback (most recent call last):\nValueError: boom", 2), fallback_time_ns=0)
+    killed = failure_from_error_data(2, local_rank=0, pid=12, exitcode=-15, data={"message": "<NONE>"}, fallback_time_ns=0)  # torch's "none"
     text = format_failure_report([peer, real, killed])
     assert text.count("ROOT CAUSE") == 1 and "ROOT CAUSE: rank 1 (local rank 1) on host h, " \
         "pid 7, exit code 1" in text
@@ -371,11 +371,11 @@ def test_notebook_and_accel_launch_choose_the_same_rendezvous() -> None:
 
     from accel.launch import notebook
 
-    one = notebook._rendezvous("127.0.0.1", None, 0, 1)
+    one = notebook._rendezvous("127.0.0.1", port=None, node_rank=0, num_nodes=1)
     assert (one.backend, one.port) == ("c10d", 0) and len(one.run_id) == 32
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        two = notebook._rendezvous("10.0.0.1", None, 1, 2)
+        two = notebook._rendezvous("10.0.0.1", port=None, node_rank=1, num_nodes=2)
     assert "10.0.0.1:29500 is unauthenticated" in str(caught[0].message)
     s = settings(["--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
                   "--main_process_port", "29500", "--cpu", "-n", "4", "t.py"])

@@ -215,13 +215,13 @@ def test_mpirun_argv_for_open_mpi_and_hydra(tmp_path: Path) -> None:
                   "2", "--mpirun_hostfile", str(hosts), "train.py", "--lr", "1"])
     assert s.mpirun_hostfile == str(hosts) and s.warnings == ()
     env = {"ACCEL_DEVICE": "cpu", "OMP_NUM_THREADS": "2"}
-    got = build_mpirun_argv(s, env, "/usr/bin/mpirun", OPENMPI, str(hosts), "node1")
+    got = build_mpirun_argv(s, env=env, app="/usr/bin/mpirun", flavour=OPENMPI, hostfile=str(hosts), master_addr="node1")
     assert got == ["/usr/bin/mpirun", "--hostfile", str(hosts), "-n", "8", "--npernode", "4",
                    "--bind-to", "socket", "-x", "ACCEL_DEVICE=cpu", "-x", "OMP_NUM_THREADS=2",
                    "-x", "MASTER_ADDR=node1", *BOOT, "train.py", "--lr", "1"]
     s = settings(["--cpu", "-n", "2", "--main_process_port", "29555", "--mpirun_hostfile", "h",
                   "-m", "pkg.train"])
-    got = build_mpirun_argv(s, {"A": "1"}, "mpiexec", HYDRA, "h", "127.0.0.1")
+    got = build_mpirun_argv(s, env={"A": "1"}, app="mpiexec", flavour=HYDRA, hostfile="h", master_addr="127.0.0.1")
     assert got == ["mpiexec", "-f", "h", "-n", "2", "-ppn", "2", "-genv", "A", "1", "-genv",
                    "MASTER_ADDR", "127.0.0.1", "-genv", "MASTER_PORT", "29555", *BOOT, "-m",
                    "pkg.train"]

@@ -69,26 +69,26 @@ def test_uneven_placements_are_refused_with_the_np_that_works() -> None:
     local = "b".__eq__
     with pytest.raises(CLIError, match=r"-np 3 with -H gives the machines different process "
                        r"counts \(a:2,b:1\); .*pass -np 4 or 2"):
-        host_layout(parse_hosts("a:2,b:2"), 3, "flag -H", local)
+        host_layout(parse_hosts("a:2,b:2"), total=3, source="flag -H", is_local=local)
     with pytest.raises(CLIError, match=r"different process counts \(a:4,b:2\)"):
-        host_layout(parse_hosts("a:4,b:2"), None, "hostfile f", local)
+        host_layout(parse_hosts("a:4,b:2"), total=None, source="hostfile f", is_local=local)
 
 
 def test_this_machine_is_found_from_the_addresses() -> None:
-    layout = host_layout(parse_hosts("a:2,b:2"), None, "flag -H", "b".__eq__)
+    layout = host_layout(parse_hosts("a:2,b:2"), total=None, source="flag -H", is_local="b".__eq__)
     assert (layout.total, layout.num_machines, layout.machine_rank, layout.local_processes,
             layout.main_host) == (4, 2, 1, 2, "a")
     with pytest.raises(CLIError, match=r"this machine \(c\) gets no process from -H with -np "
                        "4; start accel launch only on a, b, or raise -np"):
-        host_layout(parse_hosts("a:2,b:2,c:2"), 4, "flag -H", "c".__eq__)
+        host_layout(parse_hosts("a:2,b:2,c:2"), total=4, source="flag -H", is_local="c".__eq__)
     with pytest.raises(CLIError, match="none of a, b is this machine"):
-        host_layout(parse_hosts("a:2,b:2"), None, "flag -H", lambda host: False)
+        host_layout(parse_hosts("a:2,b:2"), total=None, source="flag -H", is_local=lambda host: False)
     # Two listed addresses of this machine (127.0.0.x): --machine_rank chooses, if local.
-    both = host_layout(parse_hosts("a:1,b:1"), None, "flag -H", lambda host: True, 1)
+    both = host_layout(parse_hosts("a:1,b:1"), total=None, source="flag -H", is_local=lambda host: True, machine_rank=1)
     assert both.machine_rank == 1
     with pytest.raises(CLIError, match=r"--machine_rank 0 names a \(-H\), which is not this "
                        "machine"):
-        host_layout(parse_hosts("a:1,b:1"), None, "flag -H", "b".__eq__, 0)
+        host_layout(parse_hosts("a:1,b:1"), total=None, source="flag -H", is_local="b".__eq__, machine_rank=0)
 
 
 # ---------------------------------------------------------------- accel launch settings

@@ -123,7 +123,7 @@ def test_initial_rows_do_not_depend_on_the_server_count() -> None:
     for servers in (1, 2, 3):
         part = Partition(num_embeddings=70_000, servers=servers, kind="hash")
         for s in range(servers):
-            assert torch.equal(shard_initial(part, s, 3, 5, 0.2), full[part.global_ids(s)])
+            assert torch.equal(shard_initial(part, server=s, dim=3, seed=5, scale=0.2), full[part.global_ids(s)])
     assert float(full.abs().max()) <= 0.2 and not torch.equal(full, initial_weight(70_000, 3, 6,
                                                                                    0.2))
 
@@ -171,21 +171,21 @@ def _config(mode: str = "sync", workers: int = 2, name: str = "t", opt: ps.Spars
 def test_a_sync_round_is_applied_once_every_worker_pushed_it() -> None:
     shard = Shard(_config(), server=0, servers=1)
     before = shard.pull(torch.tensor([2]))
-    first = shard.push(1, 0, torch.tensor([2]), torch.ones(1, 2))
+    first = shard.push(1, seq=0, ids=torch.tensor([2]), grads=torch.ones(1, 2))
     assert not first.done() and torch.equal(shard.pull(torch.tensor([2])), before)
-    second = shard.push(0, 0, torch.tensor([2, 3]), torch.full((2, 2), 3.0))
+    second = shard.push(0, seq=0, ids=torch.tensor([2, 3]), grads=torch.full((2, 2), 3.0))
     assert first.done() and second.done()
     # the mean over workers of their row gradients: (1 + 3) / 2
     assert torch.allclose(shard.pull(torch.tensor([2])), before - 2.0)
     with pytest.raises(RuntimeError, match="pushed round 1 twice"):
-        shard.push(0, 1, torch.tensor([2]), torch.ones(1, 2))
-        shard.push(0, 1, torch.tensor([2]), torch.ones(1, 2))
+        shard.push(0, seq=1, ids=torch.tensor([2]), grads=torch.ones(1, 2))
+        shard.push(0, seq=1, ids=torch.tensor([2]), grads=torch.ones(1, 2))
 
 
 def test_async_applies_on_arrival_and_ids_are_checked_on_the_server() -> None:
     shard = Shard(_config("async"), server=1, servers=2)
     before = shard.pull(torch.tensor([1]))
-    assert shard.push(0, 0, torch.tensor([1]), torch.ones(1, 2)).done()
+    assert shard.push(0, seq=0, ids=torch.tensor([1]), grads=torch.ones(1, 2)).done()
     assert torch.allclose(shard.pull(torch.tensor([1])), before - 0.5)
     with pytest.raises(ValueError, match="another server owns"):
         shard.pull(torch.tensor([2]))

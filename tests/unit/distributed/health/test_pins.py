@@ -176,7 +176,7 @@ def test_elastic_launcher_reports_the_root_cause_before_each_restart(
     from accel.launch.torchrun import _quiet_torch_logs
 
     results = [_failed(1, 3), agent_api.RunResult(state=agent_api.WorkerState.SUCCEEDED)]
-    _quiet_torch_logs(False, None)
+    _quiet_torch_logs(False, roles=None)
     _Agent(results, max_restarts=2)._invoke_run()
     err = capsys.readouterr().err
     before, _, after = err.partition("accel launch: restarting all workers after the failure "

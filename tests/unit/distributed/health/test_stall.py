@@ -35,7 +35,7 @@ def test_report_folds_ranks_and_names_every_state() -> None:
                  Position(rank=4, seq=5, op="gather", site="/x/train.py:33", wall=101.0),
                  Position(rank=5, seq=6, op="reduce:sum", site="/x/train.py:40", wall=101.5),
                  Position(rank=6, seq=0, op="start", site="/x/train.py:3", wall=90.0)]
-    text = format_stall_report(me, positions, now=102.0, timeout=6.0, threshold=2.0)
+    text = format_stall_report(me, positions=positions, now=102.0, timeout=6.0, threshold=2.0)
     lines = text.splitlines()
     assert lines[1] == "accel STALL REPORT: rank 0 has waited 2.0 s in collective #5 barrier " \
                        "at /x/train.py:30"
@@ -51,7 +51,7 @@ def test_report_folds_ranks_and_names_every_state() -> None:
             "/x/train.py:30; rank 4 in gather at /x/train.py:33; not there: ranks 1-3,5-6 of 7"
             ) in body
     twin = Position(rank=1, seq=5, op="barrier", site="/x/train.py:30", wall=100.5)
-    only = format_stall_report(me, [me, twin], now=101.0, timeout=None, threshold=60)
+    only = format_stall_report(me, positions=[me, twin], now=101.0, timeout=None, threshold=60)
     assert "at #5: ranks 0-1 in barrier at /x/train.py:30 (all 2 ranks arrived)" in only
     assert "no collective timeout is set" in only
 
