@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import nn
@@ -233,6 +233,36 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
         return self._run.data.end_of_dataloader
 
     # -- prepare -------------------------------------------------------------------------------
+    # Overloads that keep the count: ``model, opt, dl = acc.prepare(model, opt)`` is a type
+    # error before it is a ValueError at run time. Each element stays ``Any``: a prepared
+    # model may be a DDP/FSDP wrapper of the one passed in (``unwrap_model`` gives it back)
+    # and a prepared loader is not a ``DataLoader`` subclass, so a narrower type would reject
+    # the usual ``model = acc.prepare(model)``, and the passed-in type would not be true.
+    @overload
+    def prepare(self, *, device_placement: list[bool] | None = None) -> tuple[()]: ...
+    @overload
+    def prepare(self, a: Any, /, *, device_placement: list[bool] | None = None) -> Any: ...
+    @overload
+    def prepare(self, a: Any, b: Any, /, *,
+                device_placement: list[bool] | None = None) -> tuple[Any, Any]: ...
+    @overload
+    def prepare(self, a: Any, b: Any, c: Any, /, *,
+                device_placement: list[bool] | None = None) -> tuple[Any, Any, Any]: ...
+    @overload
+    def prepare(self, a: Any, b: Any, c: Any, d: Any, /, *,
+                device_placement: list[bool] | None = None) -> tuple[Any, Any, Any, Any]: ...
+    @overload
+    def prepare(self, a: Any, b: Any, c: Any, d: Any, e: Any, /, *,
+                device_placement: list[bool] | None = None
+                ) -> tuple[Any, Any, Any, Any, Any]: ...
+    @overload
+    def prepare(self, a: Any, b: Any, c: Any, d: Any, e: Any, f: Any, /, *,
+                device_placement: list[bool] | None = None
+                ) -> tuple[Any, Any, Any, Any, Any, Any]: ...
+    @overload
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None
+                ) -> tuple[Any, ...]: ...
+
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, data loaders and schedulers; returned in the same order.
 

@@ -332,11 +332,11 @@ def begin(scope: Where, *, desc: tuple[Any, ...], what: str, op: int | None = No
 
     ``desc`` starts with the kind (see :func:`accel.horovod._join.mirror`); ``op`` is an
     allreduce's Horovod op, ``root`` a broadcast's root (a global rank)."""
-    state = scope.session.extras.get(_EXTRAS)
+    state = joins_of(scope.session)
     if state is None or not scope.distributed:
         return None
     refuse, why = refusal(scope.set_id, kind=desc[0], op=op, root=root)
-    ticket: Ticket = state.begin(scope.set_id, desc, what=what, refuse=refuse, why=why,
+    ticket: Ticket = state.begin(scope.set_id, desc=desc, what=what, refuse=refuse, why=why,
                                  complete=root is None and desc[0] != "add_process_set")
     return ticket
 
@@ -344,7 +344,7 @@ def begin(scope: Where, *, desc: tuple[Any, ...], what: str, op: int | None = No
 def done(scope: Where, ticket: Ticket | None) -> None:
     """After the collective of ``ticket`` completed (raises if it is refused)."""
     if ticket is not None:
-        state = scope.session.extras.get(_EXTRAS)
+        state = joins_of(scope.session)
         if state is not None:
             state.done(ticket)
 

@@ -78,6 +78,7 @@ _RNG_TYPES = RNG_TYPES
 #: plugin fields whose effect lives in other fields once normalised
 _EFFECTS = {"sharding_strategy": ("reshard_after_forward", "hybrid")}
 _Config = TypeVar("_Config", FullyShardedDataParallelPlugin, ParallelismConfig)
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -380,10 +381,8 @@ def resolve_dynamo(backend: DynamoBackend | str | None, plugin: TorchDynamoPlugi
 
 def _warn_dynamo(plugin: TorchDynamoPlugin, settings: env.EnvSettings) -> None:
     """Say when a compile setting is overridden or has no effect (once, main process)."""
-    chosen = plugin.to_dict()["backend"]
-    if settings.dynamo_backend is not None and settings.dynamo_backend != chosen:
-        _disagree("dynamo_backend", ctor=chosen, env_name="ACCEL_DYNAMO_BACKEND",
-                  env_value=settings.dynamo_backend)
+    resolve_setting("dynamo_backend", given=plugin.to_dict()["backend"],
+                    from_env=settings.dynamo_backend, default=None)
     unused = [name for name in plugin.to_kwargs() if name != "disable"]
     if plugin.use_regional_compilation:
         unused.append("use_regional_compilation")
@@ -398,6 +397,26 @@ def _disagree(name: str, *, ctor: Any, env_name: str, env_value: Any) -> None:
               f"`accel launch`; using {ctor!r}")
 
 
+def resolve_setting(name: str, *, given: _V | None, from_env: _V | None, default: _V,
+                    shown: Callable[[Any], Any] = lambda value: value) -> _V:
+    """One scalar setting: the constructor's ``given`` > ``accel launch``'s ``from_env``
+    (variable ``ACCEL_<NAME>``) > ``default``. When both are set and differ, the constructor's
+    wins with one warning that names the variable (values as ``shown`` gives them).
+
+    Example:
+        >>> resolve_setting("timeout", given=None, from_env=30.0, default=None)
+        30.0
+        >>> resolve_setting("timeout", given=None, from_env=None, default=600.0)
+        600.0
+    """
+    if given is None:
+        return from_env if from_env is not None else default
+    if from_env is not None and from_env != given:
+        _disagree(name, ctor=shown(given), env_name=f"ACCEL_{name.upper()}",
+                  env_value=shown(from_env))
+    return given
+
+
 def resolve_sync_batchnorm(ctor: bool | str | None, settings: env.EnvSettings) -> str | None:
     """The SyncBatchNorm mode: ``ctor`` > ``ACCEL_SYNC_BATCHNORM`` > off (None).
 
@@ -408,15 +427,10 @@ def resolve_sync_batchnorm(ctor: bool | str | None, settings: env.EnvSettings) -
         ...     env.EnvSettings())
         ('global', None)
     """
-    from_env = settings.sync_batchnorm  # "global" | "node" | "off" | None (unset)
-    env_mode = None if from_env in (None, "off") else from_env
-    if ctor is None:
-        return env_mode
-    chosen = parse_mode(ctor, "Accelerator(sync_batchnorm=...)")
-    if from_env is not None and env_mode != chosen:
-        _disagree("sync_batchnorm", ctor=chosen or False, env_name="ACCEL_SYNC_BATCHNORM",
-                  env_value=from_env)
-    return chosen
+    given = None if ctor is None else parse_mode(ctor, "Accelerator(sync_batchnorm=...)") or "off"
+    mode = resolve_setting("sync_batchnorm", given=given, from_env=settings.sync_batchnorm,
+                           default="off")  # "global" | "node" | "off"
+    return None if mode == "off" else mode
 
 
 def resolve_precision(ctor: str | PrecisionType | None, settings: env.EnvSettings
@@ -424,13 +438,9 @@ def resolve_precision(ctor: str | PrecisionType | None, settings: env.EnvSetting
     """The mixed-precision mode: ``ctor`` > ``ACCEL_MIXED_PRECISION`` > ``"no"``."""
     from_env = parse_mixed_precision(settings.mixed_precision) if settings.mixed_precision \
         else None
-    if ctor is None:
-        return from_env or PrecisionType.NO
-    chosen = parse_mixed_precision(ctor)
-    if from_env is not None and from_env is not chosen:
-        _disagree("mixed_precision", ctor=chosen.value, env_name="ACCEL_MIXED_PRECISION",
-                  env_value=from_env.value)
-    return chosen
+    return resolve_setting("mixed_precision", from_env=from_env, default=PrecisionType.NO,
+                           given=None if ctor is None else parse_mixed_precision(ctor),
+                           shown=lambda mode: mode.value)
 
 
 def _resolve_accumulation(steps: int | None, plugin: GradientAccumulationPlugin | None,
@@ -442,15 +452,13 @@ def _resolve_accumulation(steps: int | None, plugin: GradientAccumulationPlugin 
     if steps is not None:
         steps = parse_int(steps, name="gradient_accumulation_steps", minimum=1, strict=True)
         plugin = GradientAccumulationPlugin(num_steps=steps)
-    env_steps = settings.gradient_accumulation_steps
+    num_steps = resolve_setting("gradient_accumulation_steps", default=1,
+                                given=plugin.num_steps if plugin is not None else None,
+                                from_env=settings.gradient_accumulation_steps)
     if plugin is None:
-        return GradientAccumulationPlugin(num_steps=env_steps or 1)
-    if plugin.num_steps is None:
-        return dataclasses.replace(plugin, num_steps=env_steps or 1)
-    if env_steps is not None and env_steps != plugin.num_steps:
-        _disagree("gradient_accumulation_steps", ctor=plugin.num_steps,
-                  env_name="ACCEL_GRADIENT_ACCUMULATION_STEPS", env_value=env_steps)
-    return plugin
+        return GradientAccumulationPlugin(num_steps=num_steps)
+    return plugin if plugin.num_steps is not None else dataclasses.replace(plugin,
+                                                                            num_steps=num_steps)
 
 
 def _resolve_project(project_dir: str | os.PathLike[str] | None,
@@ -476,9 +484,6 @@ def _resolve_timeout(ctor: float | timedelta | None, handler: InitProcessGroupKw
     if from_ctor is not None and from_handler is not None and from_ctor != from_handler:
         raise ValueError(f"timeout={ctor!r} and InitProcessGroupKwargs(timeout="
                          f"{from_handler.total_seconds()!r}) disagree; pass one of them")
-    chosen = from_ctor or from_handler
-    from_env = to_timedelta(settings.timeout, "ACCEL_TIMEOUT")
-    if chosen is not None and from_env is not None and chosen != from_env:
-        _disagree("timeout", ctor=chosen.total_seconds(), env_name="ACCEL_TIMEOUT",
-                  env_value=from_env.total_seconds())
-    return chosen or from_env
+    return resolve_setting("timeout", given=from_ctor or from_handler, default=None,
+                           from_env=to_timedelta(settings.timeout, "ACCEL_TIMEOUT"),
+                           shown=lambda value: value.total_seconds())
