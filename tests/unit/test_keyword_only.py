@@ -167,28 +167,10 @@ def _override_exemptions(modules: Iterable[str]) -> dict[str, str]:
     return exempt
 
 
-#: Functions written before the rule that still take positional parameters: a ratchet, not an
-#: allow-list. A new function must follow the rule, and converting one of these (add ``*``,
-#: pass keywords at its call sites) must also delete its line from the file (the test fails on
-#: a stale line), so the list only shrinks. Issue 27 left these to convert.
-TODO = Path(__file__).with_name("keyword_only_todo.txt")
-
-
-def _todo() -> set[str]:
-    return {line.strip() for line in TODO.read_text().splitlines()
-            if line.strip() and not line.startswith("#")}
-
-
 def test_internal_functions_are_keyword_only_after_the_first_argument() -> None:
     sources = _package_sources()
     exempt = {**_public_exemptions(), **_override_exemptions(sources)}
-    found = violations(sources, exempt, ALLOWED)
-    todo = _todo()
-    new = [p for p in found if p.split(" (")[0] not in todo]
-    assert new == [], "new internal functions must be keyword-only after the first argument"
-    stale = sorted(todo - {p.split(" (")[0] for p in found})
-    assert stale == [], (f"these are keyword-only now (or gone): delete their lines from "
-                         f"{TODO.name} so the list only shrinks")
+    assert violations(sources, exempt, ALLOWED) == []
 
 
 def test_checker_catches_positional_parameters_and_accepts_the_exemptions() -> None:
