@@ -68,13 +68,14 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         # torch-free, so that `import accel` stays cheap
-        from .compat.refusals import refusal, refused_reason
+        from .compat.refusals import refused_reason, stand_in
 
         reason = refused_reason("accel", name)
-        if reason is not None:  # one of Accelerate's names: say why not, and what instead
-            raise refusal("accel", name=name, reason=reason)
-        raise AttributeError(f"module 'accel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+        if reason is None:
+            raise AttributeError(f"module 'accel' has no attribute {name!r}")
+        value: Any = stand_in("accel", name=name, reason=reason)  # raises with why when used
+    else:
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # cache: later lookups skip __getattr__
     return value
 

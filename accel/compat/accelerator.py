@@ -17,10 +17,10 @@ Example:
     >>> accelerator = Accelerator(cpu=True)
     >>> accelerator.distributed_type.value, accelerator.state.num_processes
     ('NO', 1)
-    >>> Accelerator(cpu=True, split_batches=True)
+    >>> Accelerator(cpu=True, even_batches=False)
     Traceback (most recent call last):
     ...
-    TypeError: Accelerator() got an unsupported argument 'split_batches': pass dataloader_config=...
+    TypeError: Accelerator() got an unsupported argument 'even_batches': pass dataloader_config=...
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ import contextlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from .._base.warn import warn_user
 from ..accelerator import facade as _facade
+from ..config import DataLoaderConfiguration
 from ..strategy import no_join
 from .attributes import AccelerateAttributes
 from .distributed_type import DistributedType, distributed_type_of
-from .refusals import UNSUPPORTED_ARGUMENTS, refusal, refused_reason
+from .refusals import LEGACY_ARGUMENTS, UNSUPPORTED_ARGUMENTS, refusal, refused_reason
 from .state import AcceleratorState, GradientState, bind_accelerator_state, bind_gradient_state
 
 __all__ = ["Accelerator"]
@@ -49,9 +51,35 @@ def refuse_arguments(given: dict[str, Any]) -> None:
         TypeError: an argument of Accelerate's that accel does not take, or no argument at all.
     """
     for name in given:
-        if name not in _ACCEPTED:
+        if name not in _ACCEPTED and name not in LEGACY_ARGUMENTS:
             hint = UNSUPPORTED_ARGUMENTS.get(name, "it is not an Accelerator argument")
             raise TypeError(f"Accelerator() got an unsupported argument {name!r}: {hint}")
+
+
+def legacy_arguments(given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with Accelerate's older arguments moved where the engine takes them.
+
+    ``split_batches=`` (Accelerate 1.x still accepts it, and ignores it) is honoured: it becomes
+    ``dataloader_config=DataLoaderConfiguration(split_batches=...)``, with a ``FutureWarning``.
+
+    Raises:
+        ValueError: ``split_batches`` disagrees with the ``dataloader_config`` also given.
+    """
+    if "split_batches" not in given:
+        return given
+    kwargs = dict(given)
+    split = bool(kwargs.pop("split_batches"))
+    config = kwargs.get("dataloader_config")
+    if config is None:
+        kwargs["dataloader_config"] = DataLoaderConfiguration(split_batches=split)
+    elif bool(config.split_batches) != split:
+        raise ValueError(f"Accelerator(split_batches={split}) disagrees with dataloader_config="
+                         f"DataLoaderConfiguration(split_batches={config.split_batches}); "
+                         "pass it in the dataloader_config only")
+    warn_user("Accelerator(split_batches=...) is deprecated (as in Accelerate); pass "
+              f"dataloader_config=DataLoaderConfiguration(split_batches={split}) instead",
+              category=FutureWarning)
+    return kwargs
 
 
 class Accelerator(AccelerateAttributes, _facade.Accelerator):
@@ -66,13 +94,11 @@ class Accelerator(AccelerateAttributes, _facade.Accelerator):
     # no __getattr__ (a misspelt attribute stays a type error).
     if not TYPE_CHECKING:
 
-        def __new__(cls, *args: Any, **kwargs: Any) -> Accelerator:
-            # Refused here rather than in an __init__ of this class: the engine's __init__ is
-            # then called straight from the user's line, where its warnings point.
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             refuse_arguments(kwargs)
-            return super().__new__(cls)
+            super().__init__(*args, **legacy_arguments(kwargs))
 
-        __new__.__wrapped__ = _facade.Accelerator.__init__  # inspect.signature: the engine's
+        __init__.__wrapped__ = _facade.Accelerator.__init__  # inspect.signature: the engine's
 
         def __getattr__(self, name: str) -> Any:
             # Only called for names the object does not have: Accelerate's that accel refuses

@@ -1,5 +1,6 @@
-"""Accelerate's ``accelerate.utils.other``: unwrapping models, patching the environment, and
-writing the default config file.
+"""Accelerate's ``accelerate.utils.other``: unwrapping models, saving one object, checking the
+kernel, and writing the default config file (``patch_environment`` lives in
+:mod:`accel.compat.environment`, as in Accelerate, and is re-exported here).
 
 Example:
     >>> import torch
@@ -9,41 +10,33 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
+import platform
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import torch
 from torch import nn
 
-from .. import env
 from .._base.warn import warn_user
+from ..checkpoint.storage import _st
+from ..checkpoint.storage import files as _ckpt_files
 from ..config.settings import parse_mixed_precision
 from ..device import DEVICE_KINDS
+from ..env.log import get_logger
 from ..precision import remove_forward_wrapper
 from ..strategy import unwrap_module
 from ..strategy.compile import compile_regions, has_compiled_regions, is_compiled_module
+from .environment import patch_environment
 
-__all__ = ["compile_regions", "extract_model_from_parallel", "has_compiled_regions",
-           "is_compiled_module", "patch_environment", "write_basic_config"]
+__all__ = ["check_os_kernel", "compile_regions", "extract_model_from_parallel",
+           "get_model_tp_size", "has_compiled_regions", "is_compiled_module",
+           "patch_environment", "save", "write_basic_config"]
 
-
-@contextlib.contextmanager
-def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set environment variables for the block (names upper-cased, values ``str()``-ed), then
-    restore what was there before, also when the block raises.
-
-    Example:
-        >>> import os
-        >>> with patch_environment(accel_doc_example=1):
-        ...     os.environ["ACCEL_DOC_EXAMPLE"]
-        '1'
-        >>> "ACCEL_DOC_EXAMPLE" in os.environ
-        False
-    """
-    with env.patched({name.upper(): str(value) for name, value in kwargs.items()}):
-        yield
+#: The oldest Linux kernel that Accelerate recommends (older ones can hang processes).
+MIN_KERNEL = (5, 5, 0)
 
 
 def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True,
@@ -97,3 +90,104 @@ def write_basic_config(mixed_precision: str = "no",
                   "it with `accel config`, or pass another save_location")
         return False
     return write_config(path, default_values(DEVICE_KINDS["cuda"].count(), precision))
+
+
+def save(obj: Any, f: str | os.PathLike[str] | IO[bytes], save_on_each_node: bool = False,
+         safe_serialization: bool = False) -> None:
+    """``torch.save`` for a job: only the main process writes (with ``save_on_each_node``, the
+    local main process of every machine, for machines without a shared filesystem).
+
+    Args:
+        obj: what to save; with ``safe_serialization`` a dict of tensors (or a module: its
+            state dict).
+        f: a path (written atomically: a temporary file, fsynced and renamed) or, without
+            ``safe_serialization``, an open binary file.
+        save_on_each_node: each machine's local main process writes, not only the main process.
+        safe_serialization: write safetensors (read back without pickle) rather than
+            ``torch.save``'s format. Tensors that share memory (tied weights) are stored once,
+            with a warning naming the others: accel's readers give those names back, other
+            safetensors readers see only the first.
+
+    The two formats are the ones ``Accelerator.save`` writes (the same code), as in Accelerate;
+    keep a ``torch.save`` file to tensors and plain values so that
+    ``torch.load(f, weights_only=True)`` reads it.
+
+    Example:
+        >>> import os, tempfile, torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "extra.pt")
+        >>> save({"epoch": 3}, path)
+        >>> torch.load(path, weights_only=True)
+        {'epoch': 3}
+    """
+    from .state import PartialState  # the process state (and its group) only once one saves
+
+    state = PartialState()
+    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
+        return
+    if not isinstance(f, (str, os.PathLike)):
+        if safe_serialization:
+            raise TypeError("save(..., safe_serialization=True) writes to a path, got "
+                            f"{type(f).__name__}; pass the file name instead of an open file")
+        torch.save(obj, f)  # an open file: torch.save's format, as Accelerator.save writes it
+    elif safe_serialization:
+        _report_shared(obj, path=os.fspath(f))
+        _ckpt_files.save(obj, Path(f))
+    else:
+        _ckpt_files.save_torch(obj, Path(f))
+
+
+def _report_shared(obj: Any, *, path: str) -> None:
+    """Log, as Accelerate does, the entries of ``obj`` that share memory with another one (the
+    safetensors file stores each such tensor once)."""
+    tensors = obj.state_dict() if isinstance(obj, nn.Module) else obj
+    if not isinstance(tensors, Mapping):
+        return  # files.save says what it takes
+    aliases = _st.plan(tensors)[1]
+    if aliases:
+        pairs = ", ".join(f"{alias} -> {kept}" for alias, kept in sorted(aliases.items()))
+        get_logger("accel.utils.other").warning(
+            f"Removed shared tensor {sorted(aliases)} while saving {path}: each shares memory "
+            f"with another entry ({pairs}) and is stored once. accel's readers "
+            "(accel.checkpoint.load, Accelerator.load_model) give the names back from the "
+            "file's metadata; other safetensors readers see only the kept name, so re-tie the "
+            "weights after loading (e.g. model.tie_weights())")
+
+
+def check_os_kernel() -> None:
+    """Log a warning when this is Linux with a kernel older than 5.5.0, which can make
+    processes hang (Accelerate's check; nothing happens on other systems).
+
+    Example:
+        >>> check_os_kernel()
+    """
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", info.release)
+    if found is None:
+        return
+    if tuple(int(part) for part in found.groups()) < MIN_KERNEL:
+        minimum = ".".join(map(str, MIN_KERNEL))
+        get_logger("accel.utils.other").warning(
+            f"Detected kernel version {found.group(0)}, which is below the recommended minimum "
+            f"of {minimum}: processes can hang. Upgrade the kernel to {minimum} or newer.")
+
+
+def get_model_tp_size(model: nn.Module) -> int | None:
+    """The tensor-parallel degree a ``transformers`` model was sharded with, or None.
+
+    Read from ``model.tp_size`` (``transformers`` < 5), else from
+    ``model.config.distributed_config`` (an object or a dict with ``tp_size``; ``transformers``
+    >= 5, which leaves ``model.tp_size`` as None).
+
+    Example:
+        >>> get_model_tp_size(nn.Linear(1, 1)) is None
+        True
+    """
+    size = getattr(model, "tp_size", None)
+    if size is not None:
+        return int(size)
+    config = getattr(getattr(model, "config", None), "distributed_config", None)
+    size = config.get("tp_size") if isinstance(config, Mapping) else \
+        getattr(config, "tp_size", None)
+    return None if size is None else int(size)

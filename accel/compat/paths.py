@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .refusals import not_provided, refusal, refused_reason
+from .refusals import not_provided, refused_reason, stand_in
 
 __all__ = ["EXTRA", "PATHS", "SUBMODULES", "names", "resolve"]
 
@@ -38,36 +38,52 @@ PATHS: dict[str, tuple[str, ...]] = {
     "accel.utils.random": ("accel.compat.random",),
     "accel.utils.imports": ("accel.device.availability",),
     "accel.utils.dataclasses": ("accel.compat.dataclasses",),
+    "accel.utils.versions": ("accel.compat.versions",),
+    "accel.utils.constants": ("accel.compat.constants",),
+    "accel.utils.memory": ("accel.run.memory",),
+    "accel.utils.modeling": (),  # names only (EXTRA): accel.big_modeling's, as in Accelerate
+    "accel.parallelism_config": (),
+    "accel.utils.environment": ("accel.compat.environment",),
     "accel.utils": ("accel.compat.dataclasses", "accel.device.availability",
-                    "accel.compat.operations", "accel.compat.other", "accel.compat.random"),
+                    "accel.compat.operations", "accel.compat.other", "accel.compat.random",
+                    "accel.compat.environment"),
+}
+
+#: accelerate.utils.modeling's big-model functions, all in accel.big_modeling
+_MODELING: dict[str, str] = {
+    **dict.fromkeys(("check_device_map", "clean_device_map", "compute_module_sizes",
+                     "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
+                     "infer_auto_device_map"), "accel.big_modeling.placement"),
+    **dict.fromkeys(("calculate_maximum_sizes", "check_tied_parameters_in_config",
+                     "check_tied_parameters_on_same_device", "ensure_weights_retied",
+                     "get_module_children_bottom_up", "retie_parameters"),
+                    "accel.big_modeling.structure"),
+    **dict.fromkeys(("align_module_device", "has_offloaded_params", "id_tensor_storage",
+                     "named_module_tensors", "set_module_tensor_to_device"),
+                    "accel.big_modeling.tensors"),
+    **dict.fromkeys(("clean_state_dict_for_safetensors", "extract_submodules_state_dict",
+                     "load_offloaded_weights", "load_state_dict"),
+                    "accel.big_modeling.state_dicts"),
+    **dict.fromkeys(("convert_file_size_to_int", "dtype_byte_size"), "accel.big_modeling.sizes"),
+    "get_max_memory": "accel.big_modeling.budget",
+    "load_checkpoint_in_model": "accel.big_modeling.loading",
 }
 
 #: Extra single names a path re-exports from a module that is not wholly re-exported.
 EXTRA: dict[str, dict[str, str]] = {
+    "accel.utils.modeling": _MODELING,
+    "accel.parallelism_config": {"ParallelismConfig": "accel.config.fsdp"},
     "accel.hooks": {"named_module_tensors": "accel.big_modeling.tensors",
                     "set_module_tensor_to_device": "accel.big_modeling.tensors"},
     # accelerate.utils also names big-model placement, offload and loading (accel.big_modeling)
     "accel.utils": {
-        **dict.fromkeys(("check_device_map", "clean_device_map", "compute_module_sizes",
-                         "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
-                         "infer_auto_device_map"), "accel.big_modeling.placement"),
-        **dict.fromkeys(("calculate_maximum_sizes", "check_tied_parameters_in_config",
-                         "check_tied_parameters_on_same_device", "ensure_weights_retied",
-                         "get_module_children_bottom_up", "retie_parameters"),
-                        "accel.big_modeling.structure"),
-        **dict.fromkeys(("align_module_device", "has_offloaded_params", "id_tensor_storage",
-                         "named_module_tensors", "set_module_tensor_to_device"),
-                        "accel.big_modeling.tensors"),
-        **dict.fromkeys(("clean_state_dict_for_safetensors", "extract_submodules_state_dict",
-                         "load_offloaded_weights", "load_state_dict"),
-                        "accel.big_modeling.state_dicts"),
-        **dict.fromkeys(("convert_bytes", "convert_file_size_to_int", "dtype_byte_size"),
-                        "accel.big_modeling.sizes"),
+        **_MODELING,
+        "convert_bytes": "accel.big_modeling.sizes",
         **dict.fromkeys(("OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight",
                          "offload_state_dict", "offload_weight", "save_offload_index"),
                         "accel.big_modeling.offload"),
-        "get_max_memory": "accel.big_modeling.budget",
-        "load_checkpoint_in_model": "accel.big_modeling.loading",
+        **dict.fromkeys(("compare_versions", "is_torch_version"), "accel.compat.versions"),
+        "clear_device_cache": "accel.run.memory",
         "parse_mixed_precision": "accel.config.settings",
         "skip_first_batches": "accel.data",
         "find_executable_batch_size": "accel.run.memory",
@@ -78,7 +94,8 @@ EXTRA: dict[str, dict[str, str]] = {
 
 #: Submodules a path names as attributes (``accel.utils.operations``), imported on first use.
 SUBMODULES: dict[str, tuple[str, ...]] = {
-    "accel.utils": ("dataclasses", "imports", "operations", "other", "random"),
+    "accel.utils": ("constants", "dataclasses", "environment", "imports", "memory", "modeling",
+                    "operations", "other", "random", "versions"),
 }
 
 
@@ -96,7 +113,8 @@ def names(path: str) -> list[str]:
 
 
 def resolve(path: str, name: str, namespace: dict[str, Any]) -> Any:
-    """The value of ``path.name``, cached in the shim's ``namespace`` (its ``globals()``)."""
+    """The value of ``path.name``, cached in the shim's ``namespace`` (its ``globals()``); a
+    name accel refuses is its stand-in, which raises with the reason when used."""
     if name == "__all__":
         value: Any = names(path)
     elif name in SUBMODULES.get(path, ()):
@@ -110,16 +128,16 @@ def resolve(path: str, name: str, namespace: dict[str, Any]) -> Any:
                 value = getattr(module, name)
                 break
         else:
-            raise _missing(path, name)
+            reason = refused_reason(path, name)
+            if reason is None:
+                raise _missing(path, name)
+            value = stand_in(path, name=name, reason=reason)
     namespace[name] = value
     return value
 
 
 def _missing(path: str, name: str) -> AttributeError | ImportError:
-    """The error for a name ``path`` lacks: the refusal's reason, or where accel has it."""
-    reason = refused_reason(path, name)
-    if reason is not None:
-        return refusal(path, name=name, reason=reason)
+    """The error for a name ``path`` lacks (and does not refuse): where accel has it."""
     parent = path.rpartition(".")[0]
     if parent in PATHS and not name.startswith("_") and name in names(parent):
         return not_provided(name, f"{path} has no {name!r}: accel provides it as "

@@ -6,23 +6,23 @@
   attributes), the names accel does not provide and why. A path under ``accel.utils`` also
   refuses what ``accel.utils`` refuses. README's migration table is generated from these
   reasons (``python -m tests.compat.migration_table --write``).
-- :func:`refusal`: the error for one such name. An attribute read raises
-  :class:`NotProvidedError` (an ``AttributeError``, so ``hasattr`` is False); an import
-  statement (``from accel.utils import DeepSpeedPlugin``) raises
-  :class:`NotProvidedImportError`, an ``ImportError``: Python replaces the message of an
-  ``AttributeError`` raised there by a bare "cannot import name", so the reason would be lost.
+- :func:`stand_in`: what a module path gives for a refused name, so that importing it works
+  (scripts and test files import names they use only on some machines) and *using* it raises
+  with the reason: calling or instantiating it raises :class:`NotSupportedError` (a
+  ``NotImplementedError``), reading an attribute of it raises :class:`NotProvidedError`.
+  ``isinstance(x, stand_in)`` is False for everything. :func:`is_stand_in` tells one apart.
+- :func:`refusal`: the error for a refused ``Accelerator`` attribute (reading it is the use):
+  :class:`NotProvidedError`, an ``AttributeError``, so ``hasattr(accelerator, name)`` is False.
 
 This module imports neither torch nor the engine: ``accel/__init__`` consults it for names the
 package does not have, and ``import accel`` stays cheap.
 
 Example:
-    >>> import accel.utils
-    >>> hasattr(accel.utils, "DeepSpeedPlugin")
-    False
-    >>> accel.utils.DeepSpeedPlugin
+    >>> from accel.utils import DeepSpeedPlugin  # importing works
+    >>> DeepSpeedPlugin(zero_stage=2)
     Traceback (most recent call last):
     ...
-    accel.compat.refusals.NotProvidedError: accel.utils.DeepSpeedPlugin is not supported: ...
+    accel.compat.refusals.NotSupportedError: accel.utils.DeepSpeedPlugin is not supported: ...
 """
 
 from __future__ import annotations
@@ -30,9 +30,17 @@ from __future__ import annotations
 import dis
 import sys
 from types import FrameType
+from typing import Any
 
-__all__ = ["REFUSED", "UNSUPPORTED_ARGUMENTS", "NotProvidedError", "NotProvidedImportError",
-           "not_provided", "refusal", "refused_reason"]
+__all__ = ["LEGACY_ARGUMENTS", "REFUSED", "UNSUPPORTED_ARGUMENTS", "NotProvidedError",
+           "NotProvidedImportError", "NotSupportedError", "is_stand_in", "not_provided",
+           "refusal", "refused_reason", "stand_in"]
+
+#: Accelerate's older constructor arguments that accel takes and translates (with a warning).
+LEGACY_ARGUMENTS = {
+    "split_batches": "becomes dataloader_config=DataLoaderConfiguration(split_batches=...), "
+                     "with a FutureWarning (Accelerate 1.x accepts it and ignores it)",
+}
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
 UNSUPPORTED_ARGUMENTS = {
@@ -40,7 +48,6 @@ UNSUPPORTED_ARGUMENTS = {
     "deepspeed_plugins": "DeepSpeed is not supported; use DDP (the default)",
     "megatron_lm_plugin": "Megatron-LM is not supported",
     "torch_tp_plugin": "tensor parallelism is not supported",
-    "split_batches": "pass dataloader_config=DataLoaderConfiguration(split_batches=...)",
     "dispatch_batches": "accel never dispatches batches from rank 0; drop the argument",
     "even_batches": "pass dataloader_config=DataLoaderConfiguration(even_batches=...)",
     "use_seedable_sampler": "pass dataloader_config=DataLoaderConfiguration(...)",
@@ -99,20 +106,17 @@ REFUSED: dict[str, dict[str, str]] = {
                      "avg_losses_across_data_parallel_group", "parse_bert_config",
                      "parse_gpt2_config", "parse_llama_config", "parse_t5_config",
                      "parse_glm4_moe_config")),
-        (_TREE, ("CannotPadNestedTensorWarning", "TORCH_DISTRIBUTED_OPERATION_TYPES",
-                 "TensorInformation", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32",
-                 "find_batch_size", "find_device", "get_data_structure", "honor_type",
-                 "ignorant_find_batch_size", "initialize_tensors", "is_namedtuple",
-                 "is_tensor_information", "is_torch_tensor", "listify", "merge_dicts",
-                 "pad_input_tensors", "recursive_getattr", "recursively_apply", "slice_tensors")),
+        (_TREE, ("TORCH_DISTRIBUTED_OPERATION_TYPES",
+                 "TensorInformation", "find_batch_size", "get_data_structure", "honor_type",
+                 "ignorant_find_batch_size", "initialize_tensors", "is_tensor_information",
+                 "is_torch_tensor", "merge_dicts", "recursive_getattr", "slice_tensors")),
         (_LAUNCH, ("ComputeEnvironment", "PrepareForLaunch", "SageMakerDistributedType",
                    "TORCH_LAUNCH_PARAMS", "are_libraries_initialized", "check_cuda_p2p_ib_support",
-                   "check_os_kernel", "clear_environment", "convert_dict_to_env_variables",
                    "get_cpu_distributed_information", "get_gpu_info", "get_int_from_env",
                    "install_xla", "is_habana_gaudi1", "is_port_in_use", "parse_choice_from_env",
                    "parse_flag_from_env", "prepare_multi_gpu_env", "prepare_sagemager_args_inputs",
                    "prepare_simple_launcher_cmd_env", "prepare_tpu",
-                   "purge_accelerate_environment", "set_numa_affinity", "str_to_bool",
+                   "set_numa_affinity", "str_to_bool",
                    "get_free_port")),
         (_DS, ("DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "GatheredParameters",
                "compile_regions_deepspeed", "deepspeed_required", "prepare_deepspeed_cmd_env")),
@@ -122,18 +126,18 @@ REFUSED: dict[str, dict[str, str]] = {
         (_FILES, ("MODEL_NAME", "OPTIMIZER_NAME", "RNG_STATE_NAME", "SAFE_MODEL_NAME",
                   "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_PATTERN_NAME",
                   "SAMPLER_NAME", "SCALER_NAME", "SCHEDULER_NAME", "WEIGHTS_INDEX_NAME",
-                  "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME", "load", "save")),
+                  "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME", "load")),
         ('rng types are the strings "torch", "cuda", "xla", "generator"', ("RNGType",)),
         (_FSDP, ("TorchContextParallelConfig", "TorchTensorParallelConfig",
                  "TorchTensorParallelPlugin", "compile_regions_fsdp2",
                  "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading",
                  "fsdp2_apply_ac", "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict",
                  "fsdp2_prepare_model", "fsdp2_switch_optimizer_parameters",
-                 "get_fsdp2_grad_scaler", "get_model_tp_size", "load_fsdp_model",
+                 "get_fsdp2_grad_scaler", "load_fsdp_model",
                  "load_fsdp_optimizer", "merge_fsdp_weights", "model_has_dtensor",
                  "save_fsdp_model", "save_fsdp_optimizer")),
-        (_INTERNAL, ("compare_versions", "get_current_device_type", "get_pretty_name",
-                     "is_peft_model", "is_torch_version", "BaseEnum", "EnumWithContains",
+        (_INTERNAL, ("get_current_device_type", "get_pretty_name",
+                     "is_peft_model", "BaseEnum", "EnumWithContains",
                      "get_module_class_from_name", "has_repeated_blocks", "is_repeated_blocks",
                      "is_numpy_available", "is_torch_distributed_available")),
         ("use `accelerator.autocast()` and `accelerator.scaler`",
@@ -151,6 +155,16 @@ REFUSED: dict[str, dict[str, str]] = {
         ("use `skip_first_batches(dataloader, num_batches)`", ("SkipDataLoader",)),
         ("read the prepared loader's `batch_sampler` (a `BatchSamplerShard`) or `sampler`",
          ("get_sampler",)),
+    ),
+    "accel.utils.modeling": _by_name(
+        ("a step of Accelerate's own placement algorithm; accel.big_modeling places with its "
+         "own (`infer_auto_device_map`, `get_balanced_memory`, `compute_module_sizes`)",
+         ("check_device_same", "compute_module_total_buffer_size", "fallback_allocate",
+          "get_module_leaves", "get_module_size_with_ties", "get_non_persistent_buffers")),
+        ("not provided yet: read an offloaded model's weights with "
+         "`load_offloaded_weights`/`OffloadedWeightsLoader`, or save it with "
+         "`accelerator.save_model`", ("get_state_dict_from_offload",
+                                       "get_state_dict_offloaded_model")),
     ),
     "accel.checkpointing": _by_name(
         ("register the object with `accelerator.register_for_checkpointing(obj)`: "
@@ -179,6 +193,50 @@ REFUSED: dict[str, dict[str, str]] = {
 class NotProvidedError(AttributeError):
     """An Accelerate name accel does not provide, read as an attribute; says why and what to use
     instead (an ``AttributeError``, so ``hasattr`` is False)."""
+
+
+class NotSupportedError(NotImplementedError):
+    """A refused Accelerate name was used (called or instantiated); says why and what to use
+    instead."""
+
+
+class _Refused(type):
+    """The metaclass of :func:`stand_in` classes: every use raises with the reason."""
+
+    _accel_message: str
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise NotSupportedError(cls._accel_message)
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):  # protocols probe these: plain miss
+            raise AttributeError(name)
+        raise NotProvidedError(cls._accel_message, name=name)
+
+    def __repr__(cls) -> str:
+        return f"<{cls.__module__}.{cls.__qualname__}: not supported by accel>"
+
+
+def stand_in(path: str, *, name: str, reason: str) -> type:
+    """What ``path.name`` is when accel refuses it for ``reason`` (see the module docstring).
+
+    Example:
+        >>> Plugin = stand_in("accel.utils", name="DeepSpeedPlugin", reason="use DDP")
+        >>> is_stand_in(Plugin), isinstance(object(), Plugin)
+        (True, False)
+        >>> Plugin.from_config
+        Traceback (most recent call last):
+        ...
+        accel.compat.refusals.NotProvidedError: accel.utils.DeepSpeedPlugin is not supported: ...
+    """
+    message = f"{path}.{name} is not supported: {reason}"
+    return _Refused(name, (), {"__module__": path, "__qualname__": name, "__doc__": message,
+                               "_accel_message": message})
+
+
+def is_stand_in(obj: object) -> bool:
+    """Whether ``obj`` is a refused name's :func:`stand_in`."""
+    return isinstance(obj, _Refused)
 
 
 class NotProvidedImportError(ImportError):

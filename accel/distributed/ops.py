@@ -453,11 +453,13 @@ class Communicator:
     # -- padding ----------------------------------------------------------------------------
     def pad_across_processes(self, data: Any, *, dim: int = 0, pad_index: int = 0,
                              pad_first: bool = False) -> Any:
-        """Pad every tensor along ``dim`` to the largest size that any rank has."""
+        """Pad every tensor along ``dim`` to the largest size that any rank has (nested tensors,
+        whose sizes vary within them, are left as they are)."""
         leaves, rebuild = _tree.flatten(data)
         if not self.ctx.is_distributed or not leaves:
             return data
-        sizes = torch.tensor([t.shape[dim] if -t.dim() <= dim < t.dim() else 0 for t in leaves],
+        sizes = torch.tensor([t.shape[dim] if not t.is_nested and -t.dim() <= dim < t.dim() else 0
+                              for t in leaves],
                              dtype=torch.int64, device=self._comm_device)
         with self._collective("pad_across_processes", leaves):
             dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
@@ -491,7 +493,7 @@ def _unpack_uniform(leaves: list[torch.Tensor], *, shapes: list[tuple[int, ...]]
 
 
 def _pad(tensor: torch.Tensor, *, dim: int, size: int, value: int, first: bool) -> torch.Tensor:
-    if not -tensor.dim() <= dim < tensor.dim() or tensor.shape[dim] >= size:
+    if tensor.is_nested or not -tensor.dim() <= dim < tensor.dim() or tensor.shape[dim] >= size:
         return tensor
     shape = list(tensor.shape)
     shape[dim] = size

@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from ._base import LaunchEnvironmentError, apply, patched
+from ._base import LaunchEnvironmentError, apply, patched, preserved
 from .launcher import DEFAULT_PORT, LaunchInfo, detect_launch, expand_nodelist
 from .process import (
     accel_environment,
@@ -81,6 +81,7 @@ __all__ = [
     "log_level",
     "mlflow_variables",
     "patched",
+    "preserved",
     "format_ps_layout",
     "parse_ps_layout",
     "pjrt_device",

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from .._base.parse import parse_float, parse_int
 
 __all__ = ["LaunchEnvironmentError", "apply", "current", "int_variable", "optional_int",
-           "patched", "seconds_variable"]
+           "patched", "preserved", "seconds_variable"]
 
 
 class LaunchEnvironmentError(RuntimeError):
@@ -65,6 +65,35 @@ def patched(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = old
+
+
+@contextlib.contextmanager
+def preserved(prefixes: tuple[str, ...] = ("",), *, clear: bool = False) -> Iterator[None]:
+    """Put back, after the block, every variable whose name starts with one of ``prefixes`` as it
+    was before (changed ones restored, new ones removed, removed ones set again), also when the
+    block raises; ``("",)`` covers the whole environment. ``clear=True`` also removes those
+    variables for the duration of the block.
+
+    Example:
+        >>> with preserved(("ACCEL_DOC_",)):
+        ...     apply({"ACCEL_DOC_EXAMPLE": "1"})
+        >>> "ACCEL_DOC_EXAMPLE" in current()
+        False
+    """
+    if not isinstance(prefixes, tuple) or not all(isinstance(p, str) for p in prefixes):
+        raise TypeError(f"prefixes must be a tuple of strings, got {prefixes!r} (write a single "
+                        "prefix as (prefix,))")
+    saved = {name: value for name, value in os.environ.items() if name.startswith(prefixes)}
+    if clear:
+        for name in saved:
+            del os.environ[name]
+    try:
+        yield
+    finally:
+        for name in [name for name in os.environ if name.startswith(prefixes)]:
+            if name not in saved:
+                del os.environ[name]
+        os.environ.update(saved)
 
 
 def int_variable(environ: Mapping[str, str], name: str, minimum: int | None = None) -> int:

@@ -61,7 +61,7 @@ def strip_compile(model: nn.Module) -> nn.Module:
 
 
 def unwrap_module(model: nn.Module, *, keep_torch_compile: bool = False) -> nn.Module:
-    """Strip DDP / torch.compile wrappers and return the user's module.
+    """Strip DDP (and ``nn.DataParallel``) / torch.compile wrappers and return the user's module.
 
     With ``keep_torch_compile`` a compiled model comes back compiled: the compile wrapper
     around the user's module, or, for ``torch.compile(DDP(module))``, a new one with the same
@@ -70,7 +70,7 @@ def unwrap_module(model: nn.Module, *, keep_torch_compile: bool = False) -> nn.M
     seen, compiled = set(), None
     while id(model) not in seen:
         seen.add(id(model))
-        if isinstance(model, nn.parallel.DistributedDataParallel):
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
         elif (inner := compiled_inner(model)) is not None:
             compiled, model = model, inner

@@ -29,6 +29,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..compat.dataclasses import *  # noqa: F403
+    from ..compat.environment import *  # noqa: F403
     from ..compat.operations import *  # noqa: F403
     from ..compat.other import *  # noqa: F403
     from ..compat.random import *  # noqa: F403

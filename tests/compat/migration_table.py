@@ -18,7 +18,12 @@ from types import ModuleType
 import accel
 import accel.utils
 from accel import Accelerator
-from accel.compat.refusals import UNSUPPORTED_ARGUMENTS, refused_reason
+from accel.compat.refusals import (
+    LEGACY_ARGUMENTS,
+    UNSUPPORTED_ARGUMENTS,
+    is_stand_in,
+    refused_reason,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN, END = "<!-- accelerate-names -->", "<!-- /accelerate-names -->"
@@ -44,7 +49,7 @@ def _reason(name: str, path: str) -> str:
 def _has(owner: object, name: str) -> bool:
     """``owner`` has ``name``, or (for a package) a submodule of that name can be imported."""
     if hasattr(owner, name):
-        return True
+        return not is_stand_in(getattr(owner, name))
     if isinstance(owner, ModuleType) and hasattr(owner, "__path__"):
         return importlib.util.find_spec(f"{owner.__name__}.{name}") is not None
     return False
@@ -69,7 +74,7 @@ def namespaces() -> list[tuple[str, list[str], object]]:
 
     from_acc = accelerate.Accelerator
     top = [n for n in _public(accelerate)
-           if not isinstance(getattr(accelerate, n), ModuleType) or hasattr(accel, n)
+           if not isinstance(getattr(accelerate, n), ModuleType) or _has(accel, n)
            or n in ("big_modeling", "hooks", "inference", "commands", "launchers",
                     "checkpointing", "data_loader", "optimizer", "scheduler", "logging", "state")]
     utils = [n for n in _public(accelerate.utils)
@@ -90,7 +95,8 @@ def render() -> str:
              "(`python -m tests.compat.migration_table --write`; a test keeps it true).", ""]
     params = list(inspect.signature(__import__("accelerate").Accelerator).parameters)
     ours = inspect.signature(Accelerator).parameters
-    accepted = [p for p in params if p in ours and p not in UNSUPPORTED_ARGUMENTS]
+    accepted = [p for p in params
+                if (p in ours or p in LEGACY_ARGUMENTS) and p not in UNSUPPORTED_ARGUMENTS]
     lines += [f"**`Accelerator(...)` arguments.** Accepted: {_codes(accepted)}. Refused with a "
               "`TypeError` that says what to do instead:", "", "| argument | what to do |",
               "|---|---|"]

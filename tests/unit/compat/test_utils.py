@@ -133,6 +133,10 @@ def test_is_compiled_module_and_extract_model_from_parallel() -> None:
     assert "forward" in vars(prepared)
     utils.extract_model_from_parallel(prepared, keep_fp32_wrapper=False)
     assert "forward" not in vars(prepared)
+    # nn.DataParallel (a CPU-only torch wraps without replicating), also under torch.compile
+    parallel = torch.nn.DataParallel(net)
+    assert utils.extract_model_from_parallel(parallel) is net
+    assert acc.unwrap_model(torch.compile(parallel), keep_torch_compile=False) is net
 
 
 def test_availability_probes_do_not_import() -> None:
