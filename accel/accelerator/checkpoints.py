@@ -24,7 +24,15 @@ from ..checkpoint.storage import files as _ckpt_files
 from ..run.connector import Options, Runtime
 from ..run.state import RunState
 
-__all__ = ["CheckpointingMixin"]
+__all__ = ["CheckpointingMixin", "NotRegistrableError"]
+
+
+class NotRegistrableError(TypeError, ValueError):
+    """``register_for_checkpointing`` got objects without ``state_dict``/``load_state_dict``.
+
+    A ``TypeError`` (the objects are of the wrong kind) and a ``ValueError`` (what Accelerate
+    raises here); the message names every such item by its index.
+    """
 
 
 class CheckpointingMixin:
@@ -41,6 +49,10 @@ class CheckpointingMixin:
         is stored as safetensors + JSON, never pickled). They are matched by position: register
         the same objects in the same order before ``load_state``.
 
+        Raises:
+            NotRegistrableError: some objects lack those methods (a ``TypeError`` and a
+                ``ValueError``, naming each by its index); then none of them is registered.
+
         Example:
             >>> class Step:
             ...     def __init__(self): self.n = 0
@@ -50,7 +62,16 @@ class CheckpointingMixin:
             >>> accelerator = Accelerator(cpu=True)
             >>> accelerator.register_for_checkpointing(Step())
         """
-        self._run.custom.extend(check_registrable(obj) for obj in objects)
+        checked: list[Any] = []
+        invalid: list[str] = []
+        for index, obj in enumerate(objects):
+            try:
+                checked.append(check_registrable(obj))
+            except TypeError as exc:
+                invalid.append(f"Item at index {index} ({type(obj).__name__}): {exc}")
+        if invalid:  # nothing is registered: fix the call and register them all again
+            raise NotRegistrableError("register_for_checkpointing(): " + "; ".join(invalid))
+        self._run.custom.extend(checked)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` on every rank before ``save_state`` writes.
@@ -273,8 +294,34 @@ class CheckpointingMixin:
                                       directory=load_directory, strict=strict)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The model's full state dict (gathered by the strategy when it is sharded)."""
-        return self._rt.strategy.model_state_dict(model) if unwrap else dict(model.state_dict())
+        """The model's full state dict (gathered by the strategy when it is sharded; for a model
+        dispatched with CPU/disk offload, its offloaded weights read back onto the CPU)."""
+        state = self._rt.strategy.model_state_dict(model) if unwrap else dict(model.state_dict())
+        return _with_offloaded_weights(self._rt.strategy.unwrap(model) if unwrap else model,
+                                       state)
+
+
+def _with_offloaded_weights(model: nn.Module, state: dict[str, torch.Tensor]
+                            ) -> dict[str, torch.Tensor]:
+    """``state`` with the meta placeholders of offloaded modules replaced by their weights.
+
+    A module dispatched with offload (``dispatch_model``/``load_checkpoint_and_dispatch`` with
+    "cpu"/"disk" in the device map) holds meta tensors between forwards; its hook (the
+    ``_hf_hook`` with ``offload=True``) materialises them in ``pre_forward`` and drops them in
+    ``post_forward``. Each such module's state is read between the two, as CPU copies.
+    """
+    for name, module in model.named_modules():
+        hook = module.__dict__.get("_hf_hook")
+        if not getattr(hook, "offload", False):
+            continue
+        prefix = f"{name}." if name else ""
+        hook.pre_forward(module)
+        try:
+            state.update({prefix + key: value.detach().to("cpu", copy=True)
+                          for key, value in module.state_dict().items()})
+        finally:
+            hook.post_forward(module, None)
+    return state
 
 
 def _refuse_shards(obj: Any, *, sharded_models: bool) -> None:

@@ -277,7 +277,10 @@ class Accelerator(CheckpointingMixin, ProcessMixin):
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> nn.Module:
         """Move ``model`` to the device, wrap it (DDP) unless ``evaluation_mode``, add autocast,
-        and compile it when a dynamo backend is set (``torch.compile`` of the wrapped model)."""
+        and compile it when a dynamo backend is set (``torch.compile`` of the wrapped model).
+        A model this Accelerator prepared already comes back unchanged (never wrapped twice)."""
+        if any(model is prepared for prepared in self._run.models):
+            return model
         place = self.device_placement if device_placement is None else device_placement
         wrapped = self._prep.prepare_model(model, place=place, evaluation_mode=evaluation_mode)
         self._run.prepared_ids.add(id(wrapped))

@@ -11,6 +11,13 @@ Example:
 
 from __future__ import annotations
 
+from .attach import (
+    LayerwiseCastingHook,
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    attach_execution_device_hook,
+    attach_layerwise_casting_hooks,
+)
 from .budget import get_max_memory
 from .dispatch import cpu_offload, cpu_offload_with_hook, disk_offload, dispatch_model
 from .empty import init_empty_weights, init_on_device
@@ -44,17 +51,25 @@ from .placement import (
 )
 from .sizes import convert_file_size_to_int, dtype_byte_size
 from .state_dicts import extract_submodules_state_dict
+from .structure import (
+    _refuse_recurrent_layers_under_sequence_parallelism as _refuse_recurrent_layers_under_sequence_parallelism,  # noqa: E501
+)
 from .structure import retie_parameters
 
 __all__ = [
     "AlignDevicesHook",
     "CpuOffload",
+    "LayerwiseCastingHook",
     "ModelHook",
     "OffloadedWeightsLoader",
     "PrefixedDataset",
     "SequentialHook",
     "UserCpuOffloadHook",
     "add_hook_to_module",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "attach_execution_device_hook",
+    "attach_layerwise_casting_hooks",
     "check_device_map",
     "clean_device_map",
     "compute_module_sizes",

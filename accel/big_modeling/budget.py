@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,6 +46,23 @@ def available_devices() -> list[DeviceKey]:
     return [*keys, "cpu", "disk"]
 
 
+def _parse_key(key: object) -> DeviceKey | None:
+    """``key`` as budgets write it (``"cuda:1"`` -> ``1``); None when it names no device kind."""
+    if isinstance(key, torch.device):
+        key = str(key)
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key if key >= 0 else None
+    if not isinstance(key, str):
+        return None
+    text = key.strip().lower()
+    kind, _, index = text.partition(":")
+    if text.isdigit():
+        return int(text)
+    if kind in ("cuda", "gpu") and index.isdigit():
+        return int(index)
+    return text if text in _ORDER else None
+
+
 def normalize_device_key(key: object, devices: list[DeviceKey] | None = None) -> DeviceKey:
     """``key`` as budgets and device maps write it (``"cuda:1"`` -> ``1``), checked to exist.
 
@@ -56,20 +74,7 @@ def normalize_device_key(key: object, devices: list[DeviceKey] | None = None) ->
         ('cpu', 'disk')
     """
     devices = available_devices() if devices is None else devices
-    found: DeviceKey | None = None
-    if isinstance(key, torch.device):
-        key = str(key)
-    if isinstance(key, int) and not isinstance(key, bool):
-        found = key
-    elif isinstance(key, str):
-        text = key.strip().lower()
-        kind, _, index = text.partition(":")
-        if text.isdigit():
-            found = int(text)
-        elif kind in ("cuda", "gpu") and index.isdigit():
-            found = int(index)
-        elif text in _ORDER:
-            found = text
+    found = _parse_key(key)
     if found is None or found not in devices:
         listed = ", ".join(repr(d) for d in devices)
         gpu_hint = (" (no GPU is visible here: CUDA_VISIBLE_DEVICES or the driver)"
@@ -89,10 +94,13 @@ def get_max_memory(max_memory: Mapping[object, int | str] | None = None
             this machine has free: each GPU's free memory, then the host's available memory
             (``/proc/meminfo`` MemAvailable, capped by a cgroup limit) under ``"cpu"``, or
             under ``"mps"`` on Apple silicon (shared memory; no separate ``"cpu"`` budget).
+            A GPU index this machine does not have is kept, with a logged warning (as in
+            Accelerate): a budget may plan a device map for another machine; dispatching a
+            model to that GPU here fails.
 
     Raises:
-        ValueError: a key naming no device here (the message lists the devices), the same
-            device twice (``0`` and ``"cuda:0"``), or a size that cannot be read.
+        ValueError: a key naming no kind of device here (the message lists the devices), the
+            same device twice (``0`` and ``"cuda:0"``), or a size that cannot be read.
 
     Example:
         >>> get_max_memory({"disk": "1TB", "cpu": 1000})
@@ -103,7 +111,14 @@ def get_max_memory(max_memory: Mapping[object, int | str] | None = None
         return _detected(devices)
     budget: dict[DeviceKey, int] = {}
     for key, size in max_memory.items():
-        device = normalize_device_key(key, devices)
+        device = _parse_key(key)
+        if isinstance(device, int) and device not in devices:
+            logging.getLogger(__name__).warning(
+                "max_memory names GPU %r, which this machine does not have (its devices are "
+                "%s); it is kept for planning, but dispatching a model to it here will fail",
+                key, ", ".join(repr(d) for d in devices))
+        else:
+            device = normalize_device_key(key, devices)
         if device in budget:
             raise ValueError(f"max_memory names device {device!r} twice ({key!r} is the "
                              "second spelling); give each device once")
@@ -111,7 +126,9 @@ def get_max_memory(max_memory: Mapping[object, int | str] | None = None
             budget[device] = convert_file_size_to_int(size)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"max_memory[{key!r}]: {exc}") from None
-    return {key: budget[key] for key in devices if key in budget}
+    gpus = sorted(key for key in budget if isinstance(key, int))
+    order = [*gpus, *(key for key in devices if not isinstance(key, int))]
+    return {key: budget[key] for key in order if key in budget}
 
 
 def _detected(devices: list[DeviceKey]) -> dict[DeviceKey, int]:

@@ -37,7 +37,7 @@ from ..checkpoint.storage import CheckpointError, read_manifest
 from ..checkpoint.storage._st import ALIASES_KEY, DTYPE_NAMES, header_size, parse_header
 from .dispatch import dispatch_model
 from .hooks import as_device, named_module_tensors, set_module_tensor
-from .offload import OffloadedWeightsLoader, offload_weight, save_offload_index
+from .offload import OffloadedWeightsLoader, entry_file, offload_weight, save_offload_index
 from .placement import get_balanced_memory, infer_auto_device_map, unplaced_tensors
 
 __all__ = ["checkpoint_files", "load_checkpoint_and_dispatch", "load_checkpoint_in_model"]
@@ -292,8 +292,10 @@ def _load(plan: _Plan, *, files: Sequence[Path], folder: str | Path | None, stag
         if len(held) < len(places):  # a "disk" user: the weight goes to the offload folder
             assert folder is not None  # checked by the caller
             offload_weight(value, name, folder, index)
+            stored = {**index[name], "file": entry_file(name, index[name])}
             for alias in plan.groups[key]:
-                index[alias] = index[name]
+                if alias != name:  # a tied name: the same file
+                    index[alias] = stored
         if not held:
             _to_meta(plan, name)
         elif stage is not None and str(held[0]) == "cpu":

@@ -1,8 +1,10 @@
-"""Offload folders: weights kept on disk as memory-mapped safetensors, read one tensor at a time.
+"""Offload folders: weights kept on disk as raw memory-mapped files, read one tensor at a time.
 
-An offload folder holds one safetensors file per stored tensor and ``index.json``, which maps
-every weight name to ``{"file", "dtype", "shape", "offset"}`` (tied weights: several names, one
-file). Nothing is pickled. :class:`OffloadedWeightsLoader` is a read-only mapping over a folder
+An offload folder holds one ``<name>.dat`` file of raw bytes per stored tensor and
+``index.json``, which maps every weight name to ``{"dtype", "shape"}`` (Accelerate's format:
+either library reads the other's folders); an entry may add ``"file"`` (a name that is not a
+safe file name, or a tied weight stored under another name) and ``"offset"`` (bytes to skip).
+Nothing is pickled. :class:`OffloadedWeightsLoader` is a read-only mapping over a folder
 (and, optionally, an in-memory state dict): each lookup maps that tensor's file privately
 (copy-on-write) and hands out a tensor viewing it, so the bytes are paged in when the module runs
 and the mapping goes away with the tensor.
@@ -25,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-__all__ = ["INDEX_FILE", "OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight",
+__all__ = ["INDEX_FILE", "OffloadedWeightsLoader", "PrefixedDataset", "entry_file",
+           "load_offloaded_weight",
            "offload_state_dict", "offload_weight", "read_offload_index", "save_offload_index"]
 
 INDEX_FILE = "index.json"
@@ -35,7 +37,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def _file_name(name: str) -> str:
-    return _UNSAFE.sub("_", name) + ".safetensors"
+    return _UNSAFE.sub("_", name) + ".dat"
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -48,7 +50,8 @@ def _dtype(name: str) -> torch.dtype:
 
 def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str | Path,
                    index: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write one tensor to ``offload_folder`` as its own safetensors file; record it in ``index``.
+    """Write one tensor's raw bytes to ``offload_folder/<weight_name>.dat``; record its dtype
+    and shape in ``index`` (Accelerate's offload format, so either library reads the folder).
 
     Returns:
         ``index`` (a new dict when None was given) with ``weight_name``'s entry added. Call
@@ -59,12 +62,18 @@ def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str |
     folder.mkdir(parents=True, exist_ok=True)
     file = _file_name(weight_name)
     tensor = weight.detach().to("cpu").contiguous()
-    save_file({"w": tensor}, str(folder / file))
-    with open(folder / file, "rb") as handle:
-        offset = 8 + int.from_bytes(handle.read(8), "little")
-    index[weight_name] = {"file": file, "dtype": str(tensor.dtype).removeprefix("torch."),
-                          "shape": list(tensor.shape), "offset": offset}
+    (folder / file).write_bytes(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    entry: dict[str, Any] = {"dtype": str(tensor.dtype).removeprefix("torch."),
+                             "shape": list(tensor.shape)}
+    if file != f"{weight_name}.dat":  # a name that is not a safe file name
+        entry["file"] = file
+    index[weight_name] = entry
     return index
+
+
+def entry_file(name: str, entry: Mapping[str, Any]) -> str:
+    """The file of ``name``'s offload index entry, relative to the folder."""
+    return str(entry.get("file", f"{name}.dat"))
 
 
 def save_offload_index(index: Mapping[str, Any], offload_folder: str | Path) -> None:
@@ -89,7 +98,8 @@ def offload_state_dict(save_dir: str | Path, state_dict: Mapping[str, torch.Tens
         ident = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
                  tuple(tensor.shape), tensor.stride(), tensor.dtype)
         if tensor.numel() and not tensor.is_meta and ident in seen:
-            index[name] = dict(index[seen[ident]])
+            first = seen[ident]
+            index[name] = {**index[first], "file": entry_file(first, index[first])}
             continue
         seen[ident] = name
         offload_weight(tensor, name, save_dir, index)
@@ -111,7 +121,7 @@ def load_offloaded_weight(weight_file: str | Path, weight_info: Mapping[str, Any
     with open(weight_file, "rb") as handle:
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     return torch.frombuffer(mapped, dtype=dtype, count=numel,
-                            offset=int(weight_info["offset"])).view(shape)
+                            offset=int(weight_info.get("offset", 0))).view(shape)
 
 
 def read_offload_index(folder: str | Path) -> dict[str, Any]:
@@ -169,7 +179,7 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         assert self.save_folder is not None  # checked in __init__
         entry = self.index[key]
         self.loads += 1
-        tensor = load_offloaded_weight(self.save_folder / entry["file"], entry)
+        tensor = load_offloaded_weight(self.save_folder / entry_file(key, entry), entry)
         return tensor if self.device is None else tensor.to(self.device)
 
     def canonical(self, key: str) -> str:
@@ -177,7 +187,7 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         if key in self.state_dict:
             return "mem:" + self._aliases.get(key, key)
         entry = self.index.get(key)
-        return f"disk:{entry['file']}" if entry else key
+        return f"disk:{entry_file(key, entry)}" if entry else key
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._all_keys)

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -210,7 +211,8 @@ module containing them) to device_map, or use device_map="auto"
                                     *model.named_buffers(remove_duplicate=False)]]
     unknown = [key for key in device_map if key not in known and key not in tensors]
     if unknown:
-        warn_user(f"device_map keys that name no module or tensor of the model: {unknown}")
+        warn_user(f"device_map keys do not match any submodules or tensors of the model: "
+                  f"{unknown}; they place nothing (check their spelling)")
     unplaced = unplaced_tensors(model, device_map)
     if unplaced:
         shown = ", ".join(unplaced[:20]) + (f" and {len(unplaced) - 20} more"
@@ -306,12 +308,16 @@ class _Planner:
     tied: list[list[str]]
     queue: list[tuple[str, Part]]
     verbose: bool
+    fallback: bool = False
     devices: list[DeviceKey] = field(init=False)
     main: set[DeviceKey] = field(init=False)
     used: dict[DeviceKey, int] = field(init=False)
     placed: OrderedDict[str, DeviceKey] = field(default_factory=OrderedDict)
     current: int = 0
     largest: tuple[int, list[str]] = (0, [])
+    reserved: dict[DeviceKey, int] = field(default_factory=dict)  # kept free when left
+    empty: dict[DeviceKey, int] = field(default_factory=dict)  # left with nothing: room needed
+    fell_back: set[DeviceKey] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.devices = list(self.budget)
@@ -365,11 +371,49 @@ class _Planner:
                     return self.split(i)
         elif _splittable(part, self.no_split):
             return self.split(0)
+        if self.fallback and self.used[device] == 0 and device not in self.fell_back:
+            self.fell_back.add(device)
+            if self.fall_back(room):
+                return None
         self.say(f"{name} ({format_size(together)}) does not fit on {device!r} "
                  f"({format_size(max(room, 0))} left): next device")
+        self.reserved[device] = reserve
+        if self.used[device] == 0:
+            self.empty[device] = together + reserve
         self.current += 1
         if self.current == len(self.devices):
             raise ValueError(_overflow_message(name, together, self.budget))
+
+
+    def fall_back(self, room: int) -> bool:
+        """Bring to the front of the queue the first part (breadth first, splitting what may
+        be split) that fits in ``room`` with its tied parts; False when none does."""
+        todo = list(self.queue)
+        while todo:
+            name, part = todo.pop(0)
+            ties = [self.queue[i][0] for i in self.ties_of(name)]
+            if self.sizes.get(name, 0) + sum(self.sizes.get(t, 0) for t in ties) <= room:
+                break
+            if _splittable(part, self.no_split):
+                assert isinstance(part, nn.Module)
+                todo = [*_parts_of(part, name), *todo]
+        else:
+            return False
+        self.say(f"  fallback allocation: {name} fits in the {format_size(room)} left")
+        while all(entry != name for entry, _ in self.queue):
+            self.split(next(i for i, (e, _) in enumerate(self.queue) if _within(name, e)))
+        position = next(i for i, (entry, _) in enumerate(self.queue) if entry == name)
+        self.queue.insert(0, self.queue.pop(position))
+        return True
+
+
+def _log_empty_devices(empty: Mapping[DeviceKey, int]) -> None:
+    if empty:
+        needs = ", ".join(f"{device!r} needs {format_size(size)}" for device, size in empty.items())
+        logging.getLogger(__name__).info(
+            "no part of the model could be placed on these devices, for insufficient memory: "
+            "%s (for this model and order of placement); raise their max_memory to at least "
+            "that, or pass fallback_allocation=True to place smaller parts there", needs)
 
 
 def _overflow_message(name: str, size: int, budget: Mapping[DeviceKey, int | None]) -> str:
@@ -384,7 +428,8 @@ def infer_auto_device_map(model: nn.Module, max_memory: Mapping[object, int | st
                           dtype: DtypeLike | None = None,
                           special_dtypes: Mapping[str, DtypeLike] | None = None,
                           verbose: bool = False, clean_result: bool = True,
-                          offload_buffers: bool = False) -> OrderedDict[str, DeviceKey]:
+                          offload_buffers: bool = False, fallback_allocation: bool = False
+                          ) -> OrderedDict[str, DeviceKey]:
     """A device map for ``model``: GPUs first, then the CPU, then the disk.
 
     Args:
@@ -401,6 +446,10 @@ def infer_auto_device_map(model: nn.Module, max_memory: Mapping[object, int | st
         offload_buffers: whether the buffers of offloaded modules are offloaded too; when
             not (the default) they stay on the execution device, and a warning says when they
             may not fit there.
+        fallback_allocation: when the next part fits nowhere on a device that has nothing
+            yet, place there the first smaller part that fits (searched breadth first,
+            splitting parts), rather than leaving the device empty. A device left empty is
+            logged (INFO) with the room it would need.
 
     Returns:
         An ordered ``{module or tensor name: device}``, devices being GPU indices (ints),
@@ -420,9 +469,11 @@ def infer_auto_device_map(model: nn.Module, max_memory: Mapping[object, int | st
     budget.setdefault("disk", None)
     sizes = compute_module_sizes(model, dtype, special_dtypes)
     planner = _Planner(sizes=sizes, budget=budget, no_split=_no_split_list(no_split_module_classes),
-                       tied=find_tied_parameters(model), queue=_parts_of(model), verbose=verbose)
+                       tied=find_tied_parameters(model), queue=_parts_of(model), verbose=verbose,
+                       fallback=fallback_allocation)
     while planner.queue:
         planner.step()
+    _log_empty_devices(planner.empty)
     if not offload_buffers:
         _warn_offloaded_buffers(model, planner=planner, dtype=dtype, special_dtypes=special_dtypes)
     placed = planner.placed
@@ -440,7 +491,9 @@ def _warn_offloaded_buffers(model: nn.Module, *, planner: _Planner, dtype: Dtype
     buffers = {name for name, _ in model.named_buffers()}
     sizes = compute_module_sizes(model, dtype, special_dtypes)
     needed = sum(sizes[name] for name in buffers if any(_within(name, o) for o in offloaded))
-    if needed and not any((planner.budget[g] or 0) - planner.used[g] >= needed for g in gpus):
+    room = {g: (planner.budget[g] or 0) - planner.used[g] - planner.reserved.get(g, 0)
+            for g in gpus}
+    if needed and not any(room[g] >= needed for g in gpus):
         warn_user(f"the offloaded modules hold {format_size(needed)} of buffers, which stay "
                   "on the GPU and may not fit there; pass offload_buffers=True if you run "
                   "out of memory", UserWarning)

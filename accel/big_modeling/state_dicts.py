@@ -24,10 +24,15 @@ from .._base.warn import warn_user
 from ..checkpoint.storage import load
 from .hooks import as_device
 from .offload import load_offloaded_weight
-from .tensors import id_tensor_storage, set_module_tensor_to_device
+from .tensors import (
+    align_module_device,
+    has_offloaded_params,
+    id_tensor_storage,
+    set_module_tensor_to_device,
+)
 
 __all__ = ["clean_state_dict_for_safetensors", "extract_submodules_state_dict",
-           "load_offloaded_weights", "load_state_dict"]
+           "get_state_dict_offloaded_model", "load_offloaded_weights", "load_state_dict"]
 
 
 def _within(name: str, prefix: str) -> bool:
@@ -134,3 +139,34 @@ def clean_state_dict_for_safetensors(state_dict: MutableMapping[str, Any]) -> di
                   "model.tie_weights()) or they keep the values they were initialised with")
     return {name: value.contiguous() if isinstance(value, torch.Tensor) else value
             for name, value in state_dict.items()}
+
+
+def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with the weights of offloaded modules (see
+    :func:`~accel.big_modeling.cpu_offload`, :func:`~accel.big_modeling.disk_offload`) read
+    back, one module at a time, on the CPU; the offloaded model stays offloaded.
+
+    Raises:
+        ValueError: tensors that are on the ``meta`` device and held by no offload hook.
+
+    Example:
+        >>> from accel.big_modeling import cpu_offload
+        >>> layer = torch.nn.Linear(2, 2)
+        >>> _ = cpu_offload(layer)
+        >>> get_state_dict_offloaded_model(layer)["weight"].device.type
+        'cpu'
+    """
+    state: dict[str, torch.Tensor] = dict(model.state_dict())
+    for name, module in model.named_modules():
+        if not has_offloaded_params(module):
+            continue
+        with align_module_device(module, "cpu"):
+            for key, value in module.state_dict().items():
+                full = f"{name}.{key}" if name else key
+                if not value.is_meta and state[full].is_meta:
+                    state[full] = value.detach().to("cpu")
+    missing = [key for key, value in state.items() if value.is_meta]
+    if missing:
+        raise ValueError(f"{missing} are on the meta device and no offload hook holds their "
+                         "weights; load them first (load_checkpoint_in_model)")
+    return state

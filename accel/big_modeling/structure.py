@@ -24,8 +24,9 @@ from .._base.warn import warn_user
 from .placement import compute_module_sizes, get_max_layer_size
 
 __all__ = ["calculate_maximum_sizes", "check_tied_parameters_in_config",
-           "check_tied_parameters_on_same_device", "ensure_weights_retied",
-           "get_module_children_bottom_up", "retie_parameters"]
+           "check_tied_parameters_on_same_device", "compute_module_total_buffer_size",
+           "ensure_weights_retied", "get_module_children_bottom_up",
+           "get_non_persistent_buffers", "retie_parameters"]
 
 
 def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -140,3 +141,52 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
         *model.named_parameters(recurse=False), *model.named_children(),
         *model.named_buffers(recurse=False)]
     return sizes[""], get_max_layer_size(parts, sizes, list(no_split))
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: nn.Module) -> None:
+    """Raise ``ValueError`` when ``model``'s config (its text config, if it has one) lists
+    ``layer_types`` with linear attention: such layers carry a state along the sequence, which
+    sharding the sequence across ranks would silently restart on every rank."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    config = text() if callable(text) else config
+    kinds = getattr(config, "layer_types", None) or []
+    recurrent = sorted({kind for kind in kinds if "linear_attention" in str(kind)})
+    if recurrent:
+        raise ValueError(
+            f"{type(model).__name__} has attention layers of type {recurrent}, which carry a "
+            "recurrent state along the sequence: sharding the sequence (sequence parallelism) "
+            "would restart that state on every rank and give wrong gradients without an error. "
+            "Use a model with full attention, or turn sequence parallelism off.")
+
+
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False,
+                               fqns: bool = False) -> set[str]:
+    """Names of ``module``'s non-persistent buffers (left out of its ``state_dict``), a new set;
+    with ``recurse``, its submodules' too (their full names with ``fqns``).
+
+    Example:
+        >>> norm = torch.nn.BatchNorm1d(2)
+        >>> norm.register_buffer("scratch", torch.zeros(2), persistent=False)
+        >>> get_non_persistent_buffers(torch.nn.Sequential(norm), recurse=True, fqns=True)
+        {'0.scratch'}
+    """
+    found = set(module._non_persistent_buffers_set)
+    if recurse:
+        for name, sub in module.named_modules():
+            own = sub._non_persistent_buffers_set
+            found |= {f"{name}.{b}" if fqns and name else b for b in own}
+    return found
+
+
+def compute_module_total_buffer_size(model: nn.Module, dtype: str | torch.dtype | None = None,
+                                     special_dtypes: Mapping[str, str | torch.dtype] | None = None
+                                     ) -> int:
+    """Bytes of all of ``model``'s buffers (sized as :func:`compute_module_sizes` sizes them).
+
+    Example:
+        >>> compute_module_total_buffer_size(torch.nn.BatchNorm1d(4))  # 2 x 4 floats, 1 int64
+        40
+    """
+    sizes = compute_module_sizes(model, dtype, special_dtypes)
+    return sum(sizes.get(name, 0) for name, _ in model.named_buffers())

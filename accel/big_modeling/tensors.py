@@ -205,11 +205,18 @@ def _record(tied_params_map: TiedParamsMap | None, *, device: Any, owner: nn.Mod
                 return
 
 
+def _offloading_hook(module: nn.Module) -> AlignDevicesHook | None:
+    """``module``'s offloading hook, alone or within a :class:`SequentialHook`."""
+    hook = module.__dict__.get("_hf_hook")
+    chain = hook.hooks if isinstance(hook, hooks.SequentialHook) else (hook,)
+    return next((h for h in chain if isinstance(h, AlignDevicesHook) and h.offload), None)
+
+
 def has_offloaded_params(module: nn.Module) -> bool:
     """Whether ``module`` has an offloading :class:`~accel.big_modeling.AlignDevicesHook`
-    (its weights are brought to the execution device for each forward only)."""
-    hook = module.__dict__.get("_hf_hook")
-    return isinstance(hook, AlignDevicesHook) and hook.offload
+    (its weights are brought to the execution device for each forward only), alone or
+    within a :class:`~accel.big_modeling.SequentialHook`."""
+    return _offloading_hook(module) is not None
 
 
 @contextmanager
@@ -223,8 +230,8 @@ def align_module_device(module: nn.Module,
     has its own parameters moved to ``execution_device`` and back; with no ``execution_device``
     nothing changes.
     """
-    hook = module.__dict__.get("_hf_hook")
-    if isinstance(hook, AlignDevicesHook) and hook.offload:
+    hook = _offloading_hook(module)
+    if hook is not None:
         original = hook.execution_device
         if execution_device is not None:
             hook.execution_device = as_device(execution_device)

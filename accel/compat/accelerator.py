@@ -7,7 +7,10 @@ accumulate, collectives, checkpoints, ...). This subclass adds Accelerate's memb
   ``GradientState`` view of the run state) and ``distributed_type`` (derived from the strategy;
   a script may set ``accelerator.state.distributed_type``, as Accelerate's own tests do, and
   ``join_uneven_inputs`` then answers for that type);
-- Accelerate's read-only attributes (:class:`~accel.compat.attributes.AccelerateAttributes`);
+- Accelerate's read-only attributes (:class:`~accel.compat.attributes.AccelerateAttributes`),
+  among them ``_models``/``_optimizers``/``_schedulers``/``_dataloaders`` (snapshots of what
+  was prepared), and the ``_is_accelerate_prepared = True`` mark ``prepare()`` leaves on what
+  it prepared;
 - the refusals: an Accelerate argument accel does not take raises a ``TypeError`` saying what to
   do instead, and an Accelerate attribute accel does not have raises
   :class:`~accel.compat.refusals.NotProvidedError` with the reason.
@@ -100,6 +103,29 @@ class Accelerator(AccelerateAttributes, _facade.Accelerator):
 
         __init__.__wrapped__ = _facade.Accelerator.__init__  # inspect.signature: the engine's
 
+        def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+            out = super().prepare(*args, device_placement=device_placement)
+            self._mark_prepared(out if len(args) != 1 else (out,))
+            return out
+
+        prepare.__doc__ = _facade.Accelerator.prepare.__doc__
+
+        def prepare_model(self, model: Any, device_placement: bool | None = None,
+                          evaluation_mode: bool = False) -> Any:
+            wrapped = super().prepare_model(model, device_placement, evaluation_mode)
+            self._mark_prepared((wrapped,))
+            return wrapped
+
+        prepare_model.__doc__ = _facade.Accelerator.prepare_model.__doc__
+
+        def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None
+                                ) -> Any:
+            loader = super().prepare_data_loader(data_loader, device_placement)
+            self._mark_prepared((loader,))
+            return loader
+
+        prepare_data_loader.__doc__ = _facade.Accelerator.prepare_data_loader.__doc__
+
         def __getattr__(self, name: str) -> Any:
             # Only called for names the object does not have: Accelerate's that accel refuses
             # say why; any other name is the usual AttributeError.
@@ -108,6 +134,16 @@ class Accelerator(AccelerateAttributes, _facade.Accelerator):
                 raise refusal("accel.Accelerator", name=name, reason=reason,
                               where=f"Accelerator.{name}")
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _mark_prepared(self, objects: tuple[Any, ...]) -> None:
+        """Set Accelerate's ``_is_accelerate_prepared = True`` on each object this Accelerator
+        prepared (libraries written for Accelerate test it); objects passed through unchanged
+        are left alone."""
+        prepared = {id(obj) for obj in self._models + self._optimizers + self._schedulers
+                    + self._dataloaders}
+        for obj in objects:
+            if id(obj) in prepared:
+                obj._is_accelerate_prepared = True
 
     @property
     def state(self) -> AcceleratorState:

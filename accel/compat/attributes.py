@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..run.connector import Options, Runtime
+from ..run.state import RunState
 from .state import AcceleratorState
 
 __all__ = ["AccelerateAttributes"]
@@ -31,10 +32,29 @@ class AccelerateAttributes:
 
     _rt: Runtime
     _options: Options
+    _run: RunState
 
     if TYPE_CHECKING:  # the Accelerator's (this is a mixin of accel.compat.accelerator)
         @property
         def state(self) -> AcceleratorState: ...
+
+    # -- what was prepared (Accelerate's lists, as read-only snapshots) --------------------------
+    # Scripts and libraries written for Accelerate read these; ``free_memory()`` empties them.
+    @property
+    def _models(self) -> tuple[nn.Module, ...]:
+        return tuple(self._run.models)
+
+    @property
+    def _optimizers(self) -> tuple[Any, ...]:
+        return tuple(self._run.optimizers)
+
+    @property
+    def _schedulers(self) -> tuple[Any, ...]:
+        return tuple(self._run.schedulers)
+
+    @property
+    def _dataloaders(self) -> tuple[Any, ...]:
+        return tuple(self._run.dataloaders)
 
     # -- data-loader settings (DataLoaderConfiguration) -------------------------------------------
     @property

@@ -6,11 +6,14 @@
 - ``skip_first_batches``, ``SeedableRandomSampler``, ``BatchSamplerShard``,
   ``SkipBatchSampler``: accel's own (see :mod:`accel.data`), with Accelerate's arguments.
 - ``DataLoaderShard``: the class of every loader ``prepare()`` returns (for ``isinstance``);
-  build one with ``prepare_data_loader`` or ``Accelerator.prepare``, not by calling it.
-- ``DataLoaderDispatcher`` and ``IterableDatasetShard`` are importable, so that an import or an
-  ``isinstance`` check keeps working (it is False: accel never makes one), but creating one
-  raises ``NotImplementedError`` saying why and what to use: accel never dispatches batches
-  from rank 0, and it shards iterable datasets inside the prepared loader.
+  calling it, as in Accelerate, prepares ``DataLoader(dataset, **kwargs)`` for one process.
+- ``SkipDataLoader``: a ``DataLoader`` whose passes leave out their first batches.
+- ``IterableDatasetShard``: Accelerate's sample-level shard of an iterable dataset (accel's own
+  class; a prepared loader shards an iterable dataset's batches itself and never makes one).
+- ``DataLoaderDispatcher`` is importable, so that an import or an ``isinstance`` check keeps
+  working (it is False: accel never makes one), but creating one raises
+  ``NotImplementedError`` saying why and what to use: accel never dispatches batches from
+  rank 0.
 
 Example:
     >>> from torch.utils.data import DataLoader
@@ -22,7 +25,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +38,7 @@ from ..config.settings import DataLoaderConfiguration
 from ..data import (
     BatchSamplerShard,
     DataTracker,
+    IterableDatasetShard,
     PreparedDataLoader,
     SeedableRandomSampler,
     SkipBatchSampler,
@@ -44,11 +49,86 @@ from ..distributed import Communicator, ProcessContext
 from ..run.connector import connect_process
 
 __all__ = ["BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard",
-           "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler",
+           "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader",
            "prepare_data_loader", "skip_first_batches"]
 
-#: The class of the loaders ``prepare()`` returns (Accelerate's ``DataLoaderShard``).
-DataLoaderShard = PreparedDataLoader
+
+class _ShardClass(type):
+    """``DataLoaderShard``'s type: every prepared loader is an instance, and calling it builds
+    one process's loader from a dataset and ``DataLoader`` arguments."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, PreparedDataLoader)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, PreparedDataLoader)
+
+    def __call__(cls, dataset: Any, device: torch.device | None = None,
+                 rng_types: list[Any] | None = None, synchronized_generator: Any = None,
+                 skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 torch_device_mesh: Any = None, iteration: int = 0,
+                 **dataloader_kwargs: Any) -> PreparedDataLoader:
+        if synchronized_generator is not None or skip_batches:
+            raise NotImplementedError(
+                "DataLoaderShard(synchronized_generator=..., skip_batches=...) is not supported: "
+                "a prepared loader synchronizes its own sampler generator; skip batches with "
+                "skip_first_batches(loader, num_batches)")
+        shard = prepare_data_loader(
+            DataLoader(dataset, **dataloader_kwargs), device, num_processes=1, process_index=0,
+            put_on_device=device is not None, rng_types=rng_types,
+            use_stateful_dataloader=use_stateful_dataloader,
+            torch_device_mesh=torch_device_mesh)
+        if iteration:
+            shard.set_epoch(iteration)
+        return shard
+
+
+class DataLoaderShard(metaclass=_ShardClass):
+    """The class of the loaders ``prepare()`` returns (Accelerate's name, for ``isinstance``).
+
+    Called as Accelerate's, ``DataLoaderShard(dataset, device=None, ..., **dataloader_kwargs)``
+    builds ``DataLoader(dataset, **dataloader_kwargs)`` prepared for one process: no sharding,
+    batches moved to ``device`` when given, ``end_of_dataloader`` set on the last batch, and
+    ``iteration`` the first epoch. The loader belongs to no ``Accelerator`` (prepare the
+    ``DataLoader`` with ``accelerator.prepare`` to shard it and gather its metrics).
+
+    Example:
+        >>> shard = DataLoaderShard(range(4), batch_size=2)
+        >>> [(b.tolist(), shard.end_of_dataloader) for b in shard]
+        [([0, 1], False), ([2, 3], True)]
+    """
+
+
+class SkipDataLoader(DataLoader[Any]):
+    """A ``DataLoader`` whose every pass leaves out its first ``skip_batches`` batches
+    (Accelerate's class and arguments; ``dataloader_kwargs`` go to ``DataLoader``).
+
+    The skipped batches are loaded and dropped, as in Accelerate; ``skip_first_batches`` skips
+    a map-style loader's batches at its sampler instead, without loading them.
+
+    Example:
+        >>> [b.tolist() for b in SkipDataLoader(range(6), skip_batches=1, batch_size=2)]
+        [[2, 3], [4, 5]]
+    """
+
+    def __init__(self, dataset: Any, skip_batches: int = 0,
+                 use_stateful_dataloader: bool = False, **dataloader_kwargs: Any) -> None:
+        if use_stateful_dataloader:
+            raise NotImplementedError(
+                "SkipDataLoader(use_stateful_dataloader=True) is not supported: accel does not "
+                "wrap torchdata's StatefulDataLoader; prepare the loader with "
+                "DataLoaderConfiguration(use_stateful_dataloader=True), whose state_dict() "
+                "resumes exactly")
+        if int(skip_batches) < 0:
+            raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
+        super().__init__(dataset, **dataloader_kwargs)
+        self.skip_batches = int(skip_batches)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return itertools.islice(super().__iter__(), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip_batches)
 
 
 class DataLoaderDispatcher:
@@ -62,21 +142,6 @@ class DataLoaderDispatcher:
         raise NotImplementedError(
             "DataLoaderDispatcher is not offered by accel: every rank reads its own shard "
             "(dispatch_batches=True is refused by design); prepare the DataLoader with "
-            "Accelerator.prepare() or accel.data_loader.prepare_data_loader() instead")
-
-
-class IterableDatasetShard:
-    """Not offered: accel shards an iterable dataset inside the prepared loader.
-
-    Every rank reads the stream and keeps batch ``i * num_processes + rank`` (DataLoader
-    workers and the dataset's own worker sharding keep working). The name exists so that
-    imports and ``isinstance`` checks keep working; creating one raises.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "IterableDatasetShard is not offered by accel: it shards iterable datasets inside "
-            "the prepared loader; pass DataLoader(dataset, batch_size=...) to "
             "Accelerator.prepare() or accel.data_loader.prepare_data_loader() instead")
 
 

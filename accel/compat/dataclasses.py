@@ -16,6 +16,7 @@ from ..config.settings import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    KwargsHandler,
     LoggerType,
     PrecisionType,
     ProjectConfiguration,
@@ -25,6 +26,6 @@ from .distributed_type import DistributedType
 
 __all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
            "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
-           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "LoggerType", "PrecisionType",
-           "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin",
+           "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler", "LoggerType",
+           "PrecisionType", "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin",
            "FullyShardedDataParallelPlugin", "ParallelismConfig"]

@@ -43,6 +43,11 @@ PATHS: dict[str, tuple[str, ...]] = {
     "accel.utils.memory": ("accel.run.memory",),
     "accel.utils.modeling": (),  # names only (EXTRA): accel.big_modeling's, as in Accelerate
     "accel.parallelism_config": (),
+    "accel.utils.launch": (),  # its names are refused (internal to `accelerate launch`)
+    **dict.fromkeys(("accel.commands", "accel.commands.launch", "accel.commands.test",
+                     "accel.commands.env", "accel.commands.estimate", "accel.commands.tpu",
+                     "accel.commands.to_fsdp2", "accel.commands.merge", "accel.commands.config",
+                     "accel.commands.config.config_args"), ()),  # names: EXTRA, or refused
     "accel.utils.environment": ("accel.compat.environment",),
     "accel.utils": ("accel.compat.dataclasses", "accel.device.availability",
                     "accel.compat.operations", "accel.compat.other", "accel.compat.random",
@@ -55,14 +60,16 @@ _MODELING: dict[str, str] = {
                      "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
                      "infer_auto_device_map"), "accel.big_modeling.placement"),
     **dict.fromkeys(("calculate_maximum_sizes", "check_tied_parameters_in_config",
-                     "check_tied_parameters_on_same_device", "ensure_weights_retied",
-                     "get_module_children_bottom_up", "retie_parameters"),
+                     "check_tied_parameters_on_same_device", "compute_module_total_buffer_size",
+                     "ensure_weights_retied", "get_module_children_bottom_up",
+                     "get_non_persistent_buffers", "retie_parameters"),
                     "accel.big_modeling.structure"),
     **dict.fromkeys(("align_module_device", "has_offloaded_params", "id_tensor_storage",
                      "named_module_tensors", "set_module_tensor_to_device"),
                     "accel.big_modeling.tensors"),
     **dict.fromkeys(("clean_state_dict_for_safetensors", "extract_submodules_state_dict",
-                     "load_offloaded_weights", "load_state_dict"),
+                     "get_state_dict_offloaded_model", "load_offloaded_weights",
+                     "load_state_dict"),
                     "accel.big_modeling.state_dicts"),
     **dict.fromkeys(("convert_file_size_to_int", "dtype_byte_size"), "accel.big_modeling.sizes"),
     "get_max_memory": "accel.big_modeling.budget",
@@ -73,8 +80,17 @@ _MODELING: dict[str, str] = {
 EXTRA: dict[str, dict[str, str]] = {
     "accel.utils.modeling": _MODELING,
     "accel.parallelism_config": {"ParallelismConfig": "accel.config.fsdp"},
+    **{f"accel.commands.{command}": dict.fromkeys(
+        (f"{command}_command", f"{command}_command_parser"), "accel.compat.commands")
+       for command in ("launch", "test", "env")},
+    **{f"accel.commands.{command}": {f"{command}_command_parser": "accel.compat.commands"}
+       for command in ("estimate", "tpu", "to_fsdp2", "merge", "config")},
     "accel.hooks": {"named_module_tensors": "accel.big_modeling.tensors",
-                    "set_module_tensor_to_device": "accel.big_modeling.tensors"},
+                    "set_module_tensor_to_device": "accel.big_modeling.tensors",
+                    **dict.fromkeys(("LayerwiseCastingHook", "attach_align_device_hook",
+                                     "attach_align_device_hook_on_blocks",
+                                     "attach_execution_device_hook"),
+                                    "accel.big_modeling.attach")},
     # accelerate.utils also names big-model placement, offload and loading (accel.big_modeling)
     "accel.utils": {
         **_MODELING,
@@ -94,6 +110,8 @@ EXTRA: dict[str, dict[str, str]] = {
 
 #: Submodules a path names as attributes (``accel.utils.operations``), imported on first use.
 SUBMODULES: dict[str, tuple[str, ...]] = {
+    "accel.commands": ("config", "env", "estimate", "launch", "merge", "test", "to_fsdp2", "tpu"),
+    "accel.commands.config": ("config_args",),
     "accel.utils": ("constants", "dataclasses", "environment", "imports", "memory", "modeling",
                     "operations", "other", "random", "versions"),
 }

@@ -32,14 +32,26 @@ import sys
 from types import FrameType
 from typing import Any
 
-__all__ = ["LEGACY_ARGUMENTS", "REFUSED", "UNSUPPORTED_ARGUMENTS", "NotProvidedError",
-           "NotProvidedImportError", "NotSupportedError", "is_stand_in", "not_provided",
-           "refusal", "refused_reason", "stand_in"]
+__all__ = ["LEGACY_ARGUMENTS", "REFUSED", "REFUSED_COMMANDS", "UNSUPPORTED_ARGUMENTS",
+           "NotProvidedError", "NotProvidedImportError", "NotSupportedError", "is_stand_in",
+           "not_provided", "refusal", "refused_reason", "stand_in"]
 
 #: Accelerate's older constructor arguments that accel takes and translates (with a warning).
 LEGACY_ARGUMENTS = {
     "split_batches": "becomes dataloader_config=DataLoaderConfiguration(split_batches=...), "
                      "with a FutureWarning (Accelerate 1.x accepts it and ignores it)",
+}
+
+#: Accelerate's commands accel does not run: name -> what to use instead
+REFUSED_COMMANDS = {
+    "estimate": "`accel estimate-memory package.module:build_model` builds the model locally on "
+                "the meta device (nothing is downloaded from the Hugging Face Hub at run time)",
+    "tpu": "TPU pod set-up commands are not supported; run `accel launch --tpu` on each host",
+    "to_fsdp2": "accel's FSDP is FSDP2: `accel launch` reads Accelerate's FSDP settings as they "
+                "are",
+    "merge": "use `accel merge-weights CHECKPOINT OUTPUT`",
+    "config": "`accel launch --config_file` reads Accelerate's YAML config; write one with "
+              "`accel config` (or `accel.utils.write_basic_config()`)",
 }
 
 #: Accelerate constructor arguments that accel does not implement, and what to do instead.
@@ -83,7 +95,7 @@ REFUSED: dict[str, dict[str, str]] = {
     "accel": _by_name(
         (_DS, ("DeepSpeedPlugin",)),
         (_PROFILE, ("ProfileKwargs",)),
-        (_LAUNCH, ("commands", "launchers")),
+        (_LAUNCH, ("launchers",)),
         (_PIPPY, ("inference", "prepare_pippy")),
         ("module path: accel has `accel.data_loader`, `accel.run.wrappers` (optimizer and "
          "scheduler wrappers)", ("optimizer", "scheduler")),
@@ -120,7 +132,6 @@ REFUSED: dict[str, dict[str, str]] = {
                    "get_free_port")),
         (_DS, ("DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "GatheredParameters",
                "compile_regions_deepspeed", "deepspeed_required", "prepare_deepspeed_cmd_env")),
-        ("accel's kwargs handlers are plain dataclasses with no common base", ("KwargsHandler",)),
         (_PROFILE, ("MITA_PROFILING_AVAILABLE_PYTORCH_VERSION", "PROFILE_PATTERN_NAME",
                     "ProfileKwargs", "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION")),
         (_FILES, ("MODEL_NAME", "OPTIMIZER_NAME", "RNG_STATE_NAME", "SAFE_MODEL_NAME",
@@ -152,40 +163,43 @@ REFUSED: dict[str, dict[str, str]] = {
         ("accel's prepared loader is one class, `DataLoaderShard` (the loader `prepare()` and "
          "`prepare_data_loader()` return); it is not built from adapters or mixins",
          ("DataLoaderAdapter", "DataLoaderStateMixin")),
-        ("use `skip_first_batches(dataloader, num_batches)`", ("SkipDataLoader",)),
         ("read the prepared loader's `batch_sampler` (a `BatchSamplerShard`) or `sampler`",
          ("get_sampler",)),
     ),
     "accel.utils.modeling": _by_name(
         ("a step of Accelerate's own placement algorithm; accel.big_modeling places with its "
          "own (`infer_auto_device_map`, `get_balanced_memory`, `compute_module_sizes`)",
-         ("check_device_same", "compute_module_total_buffer_size", "fallback_allocate",
-          "get_module_leaves", "get_module_size_with_ties", "get_non_persistent_buffers")),
+         ("check_device_same", "fallback_allocate", "get_module_leaves",
+          "get_module_size_with_ties")),
         ("not provided yet: read an offloaded model's weights with "
-         "`load_offloaded_weights`/`OffloadedWeightsLoader`, or save it with "
-         "`accelerator.save_model`", ("get_state_dict_from_offload",
-                                       "get_state_dict_offloaded_model")),
+         "`get_state_dict_offloaded_model` or `load_offloaded_weights`/`OffloadedWeightsLoader`",
+         ("get_state_dict_from_offload",)),
     ),
+    "accel.commands.launch": _by_name((_LAUNCH, ("_validate_launch_command",))),
+    "accel.commands.estimate": _by_name((REFUSED_COMMANDS["estimate"], (
+        "add_timm_hub_prefix", "estimate_command", "gather_data"))),
+    "accel.commands.tpu": _by_name((REFUSED_COMMANDS["tpu"], ("tpu_command_launcher",))),
+    "accel.commands.to_fsdp2": _by_name((REFUSED_COMMANDS["to_fsdp2"], (
+        "convert_config_to_fsdp2", "to_fsdp2_command"))),
+    "accel.commands.merge": _by_name((REFUSED_COMMANDS["merge"], ("merge_command",))),
+    **dict.fromkeys(("accel.commands.config", "accel.commands.config.config_args"), _by_name(
+        (REFUSED_COMMANDS["config"], ("BaseConfig", "ClusterConfig", "SageMakerConfig",
+                                      "config_command", "default_command_parser",
+                                      "default_config_file", "load_config_from_file")))),
     "accel.checkpointing": _by_name(
         ("register the object with `accelerator.register_for_checkpointing(obj)`: "
          "`save_state()`/`load_state()` then save and restore it (as JSON, without pickle)",
          ("save_custom_state", "load_custom_state")),
-    ),
-    "accel.hooks": _by_name(
-        ("place or offload whole models with `dispatch_model(model, device_map=...)`, "
-         "`cpu_offload(model)` or `disk_offload(model, ...)` (accel.big_modeling)",
-         ("attach_align_device_hook", "attach_align_device_hook_on_blocks",
-          "attach_execution_device_hook")),
-        ("layer-wise casting is not supported; cast the model with `model.to(dtype)` or train "
-         "with `mixed_precision=`", ("LayerwiseCastingHook",)),
     ),
     "accel.tracking": _by_name(
         ("this tracker is not built in: subclass `GeneralTracker` and pass an instance in "
          "`Accelerator(log_with=[...])`",
          ("ClearMLTracker", "DVCLiveTracker", "SwanLabTracker", "TrackioTracker")),
         ("pass tracker names or `GeneralTracker` instances in `Accelerator(log_with=...)`: "
-         "accel checks them there", ("filter_trackers", "get_available_trackers",
-                                     "register_tracker_class")),
+         "accel checks them there", ("filter_trackers", "get_available_trackers")),
+        ("accel keeps no process-wide tracker registry (`LOGGER_TYPE_TO_CLASS` is read-only): "
+         "pass an instance of your `GeneralTracker` subclass in `Accelerator(log_with=[...])`",
+         ("register_tracker_class",)),
     ),
 }
 

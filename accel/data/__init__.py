@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+from .iterable import IterableDatasetShard
 from .loader import (
     DataTracker,
     PreparedDataLoader,
@@ -40,6 +41,7 @@ from .trim import trim_batch
 __all__ = [
     "BatchSamplerShard",
     "DataTracker",
+    "IterableDatasetShard",
     "PreparedDataLoader",
     "SeedableRandomSampler",
     "SeedableSampler",

@@ -14,13 +14,16 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from torch.utils.data import IterableDataset
 
 from .._base import tree as _tree
 from .plan import Unit, rank_steps
 
-__all__ = ["ChunkRounds", "CountingCollate", "clone_batch", "count_samples", "rank_steps"]
+__all__ = ["ChunkRounds", "CountingCollate", "IterableDatasetShard", "clone_batch", "count_samples",
+           "rank_steps"]
 
 _OTHER = object()  # stands for another rank's chunk, which this rank does not keep
 
@@ -115,3 +118,71 @@ class ChunkRounds:
         slots.extend((duplicate, 0) for _ in range(self.world - len(units)))
         return slots
 
+
+
+class IterableDatasetShard(IterableDataset[Any]):
+    """The samples of ``dataset`` that process ``process_index`` of ``num_processes`` takes
+    (Accelerate's class and arguments): a dataset to put in a ``DataLoader``, sharded at the
+    sample level (a prepared loader shards batches itself and never makes one).
+
+    The stream is read in groups of ``batch_size * num_processes`` samples (``batch_size``
+    with ``split_batches``) and this process keeps its contiguous ``batch_size`` (or
+    ``batch_size // num_processes``) of each group. A final partial group is dropped with
+    ``drop_last``, else completed by repeating the stream's first group, so that every process
+    yields as many samples. ``set_epoch`` is passed on to the dataset.
+
+    Example:
+        >>> [list(IterableDatasetShard(range(5), batch_size=2, num_processes=2,
+        ...                            process_index=r)) for r in range(2)]
+        [[0, 1, 4, 0], [2, 3, 1, 2]]
+    """
+
+    def __init__(self, dataset: Iterable[Any], batch_size: int = 1, drop_last: bool = False,
+                 num_processes: int = 1, process_index: int = 0,
+                 split_batches: bool = False) -> None:
+        if split_batches and batch_size > 1 and batch_size % num_processes:
+            raise ValueError(
+                f"IterableDatasetShard(split_batches=True) splits each batch across "
+                f"{num_processes} processes: batch_size={batch_size} must be a round multiple "
+                f"of {num_processes}; change batch_size or pass split_batches=False")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.num_processes = int(num_processes)
+        self.process_index = int(process_index)
+        self.split_batches = bool(split_batches)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def _sizes(self) -> tuple[int, int]:
+        """(samples per group, this process's samples per group)."""
+        if self.split_batches:
+            return self.batch_size, self.batch_size // self.num_processes
+        return self.batch_size * self.num_processes, self.batch_size
+
+    def __len__(self) -> int:
+        group, own = self._sizes()
+        total = len(self.dataset)  # type: ignore[arg-type]  # TypeError when unsized
+        groups = total // group if self.drop_last else -(-total // group)
+        return groups * own
+
+    def __iter__(self) -> Iterator[Any]:
+        group_size, own = self._sizes()
+        start = self.process_index * own
+        first: list[Any] | None = None
+        group: list[Any] = []
+        for sample in self.dataset:
+            group.append(sample)
+            if len(group) == group_size:
+                yield from group[start:start + own]
+                first = group if first is None else first
+                group = []
+        if group and not self.drop_last:
+            filler = first if first is not None else list(group)
+            while len(group) < group_size:
+                group.extend(filler[:group_size - len(group)])
+            yield from group[start:start + own]

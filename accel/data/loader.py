@@ -249,10 +249,13 @@ class PreparedDataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` (its shuffle order) for the next pass.
 
-        After ``load_state_dict`` restored a position in ``epoch`` (a script that calls
-        ``set_epoch`` at the start of every epoch), the position is kept.
+        The loader's sampler, batch sampler and dataset that have ``set_epoch`` get it at once
+        (as in Accelerate), and again when the pass starts. After ``load_state_dict`` restored
+        a position in ``epoch`` (a script that calls ``set_epoch`` at the start of every
+        epoch), the position is kept.
         """
         epoch = int(epoch)
+        self._source.set_epoch(epoch)
         if self._next is not None and self._next_loaded:
             restored = self._upcoming(self._next)
             if restored[0] == epoch:

@@ -96,25 +96,31 @@ def index_rounds(batches: Iterable[list[int]], *, world: int, split_size: int | 
 class IndexPadder:
     """Pads a round of index units by cycling through the first indices of the epoch.
 
-    The last unit of a partial or final round is completed to ``unit_size`` and every missing
-    rank gets ``unit_size`` indices, taken in rank order from the start of the epoch's order
-    (as Accelerate's ``BatchSamplerShard`` does).
+    With a nominal ``unit_size``, the last unit of a partial or final round is completed to
+    ``unit_size`` and every missing rank gets ``unit_size`` indices, taken in rank order from
+    the start of the epoch's order. Without one (a batch sampler of varying batch sizes) units
+    are left as they are and every missing rank gets a whole batch of the first round, cycling
+    from its first. Both are what Accelerate's ``BatchSamplerShard`` does.
     """
 
     def __init__(self, world: int, unit_size: int | None) -> None:
         self.world = world
         self.unit_size = unit_size
         self.initial: list[int] = []
+        self.first_batches: list[list[int]] = []
 
     def record(self, indices: list[int]) -> None:
-        if self.unit_size is None and not self.initial:
-            self.unit_size = len(indices)  # no nominal batch size: use the first batch's
         self.initial.extend(indices)
+        self.first_batches.append(list(indices))
 
     def __call__(self, units: list[Unit], final: bool) -> list[tuple[Unit, int]]:
         if len(units) == self.world and not (final and self._short(units[-1])):
             return [(unit, unit.size) for unit in units]
-        size = self.unit_size or 1
+        if self.unit_size is None:
+            batches = itertools.cycle(self.first_batches)
+            pads = [Unit(b, len(b)) for b in itertools.islice(batches, self.world - len(units))]
+            return [(unit, unit.size) for unit in units] + [(pad, 0) for pad in pads]
+        size = self.unit_size
         source = itertools.cycle(self.initial)
         slots = [(unit, unit.size) for unit in units[:-1]]
         last = units[-1]

@@ -116,7 +116,8 @@ class BatchSamplerShard(Sampler[Any]):
 
     Without ``split_batches`` process ``r`` takes batches ``r, r + n, r + 2n, ...``; with it,
     piece ``r`` of every batch. ``even_batches`` (settable: ``join_uneven_inputs`` overrides
-    it) completes the last round by cycling from the first samples, as Accelerate does. Unlike
+    it) completes the last round by cycling from the first samples (from the first batches when
+    the batch sampler has no ``batch_size``: batches of varying size), as Accelerate does. Unlike
     Accelerate's, ``drop_last=True`` on the batch sampler drops only its own short batch,
     never a round of full batches. See :mod:`accel.data.plan` for the rules.
 
@@ -147,7 +148,7 @@ class BatchSamplerShard(Sampler[Any]):
             if not isinstance(self.batch_size, int) or self.batch_size % self.num_processes:
                 raise ValueError(
                     f"split_batches=True splits each batch across {num_processes} processes, "
-                    f"so batch_size must be a multiple of {num_processes}; got batch_size="
+                    f"so batch_size must be a round multiple of {num_processes}; got batch_size="
                     f"{self.batch_size}. Use a batch size divisible by {num_processes} or "
                     "split_batches=False")
             self.split_size = self.batch_size // self.num_processes

@@ -275,7 +275,7 @@ class MapSource(_Source):
         if not isinstance(nominal, int) or nominal % world:
             raise ValueError(
                 f"split_batches=True splits each batch across {world} processes, so batch_size "
-                f"must be a multiple of {world}; got batch_size={nominal}. Use a batch size "
+                f"must be a round multiple of {world}; got batch_size={nominal}. Use a batch size "
                 f"divisible by {world} or split_batches=False")
         return nominal // world
 

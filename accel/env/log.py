@@ -189,6 +189,10 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
       predecessor has not emitted its message within ``in_order_timeout`` seconds, the message
       is emitted anyway, after a warning saying so — a slow or diverging rank delays, never hangs.
 
+    Records point at the line that called the logger. ``stacklevel=`` is passed on as given
+    and counts this adapter's frame (as Accelerate's adapter does): 2 is that line, so a
+    wrapper of this adapter passes 3 to report its own caller.
+
     Example:
         >>> logger = get_logger("train")
         >>> logger.info("starting", main_process_only=False)  # "[rank 0] starting" on rank 0
@@ -239,8 +243,10 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
                     "in_order calls?)", info.rank, info.local_rank - 1, self.in_order_timeout,
                 )
         msg, options = self.process(msg, kwargs)
-        # Point the record's file/line at the caller, not at this adapter.
-        options["stacklevel"] = options.get("stacklevel", 1) + 1
+        # Point the record's file/line at the caller, not at this adapter (stacklevel 2). A
+        # stacklevel the caller gives counts this adapter's frame, as in Accelerate: a wrapper
+        # that calls this adapter's ``log`` passes 3 to report its own caller.
+        options.setdefault("stacklevel", 2)
         try:
             self.logger.log(level, msg, *args, **options)
         finally:
@@ -253,7 +259,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
         if key in self._warned:
             return
         self._warned.add(key)
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 2) + 1  # and this method's frame
         self.log(logging.WARNING, msg, *args, **kwargs)
 
 

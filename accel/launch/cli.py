@@ -30,7 +30,7 @@ from .errors import CLIError
 from .ps_launch import ps_flags
 from .refused import add_refused_flags, refusals
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "launch_parser", "main", "run_launch"]
 
 _EPILOG_LAUNCH = """\
 precedence: flag > environment (ACCEL_*) > config file > default; the settings table printed
@@ -181,18 +181,36 @@ def _add_fsdp_args(p: Any) -> None:
               help=argparse.SUPPRESS)  # accel has none: only 1 is accepted
 
 
+def launch_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``accel launch`` parser: a sub-command of ``subparsers`` (an argparse
+    ``add_subparsers()`` result), or a parser of its own."""
+    options: dict[str, Any] = {"epilog": _EPILOG_LAUNCH, "allow_abbrev": False,
+                               "formatter_class": argparse.RawDescriptionHelpFormatter}
+    launch = subparsers.add_parser("launch", help="start a script in N processes (torchrun's "
+                                   "agent)", **options) if subparsers is not None else \
+        _Parser(prog="accel launch", **options)
+    _add_launch_args(launch)
+    _flag(launch, "sync_batchnorm", choices=["global", "node"], help="BatchNorm layers become "
+          "SyncBatchNorm at prepare(): over all processes, or over each machine's "
+          "(ACCEL_SYNC_BATCHNORM)")
+    return launch
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    """Run ``accel launch`` with arguments parsed by :func:`launch_parser`; the exit status.
+
+    Raises:
+        CLIError: a refused flag, a missing script, or settings that contradict each other.
+    """
+    return _launch(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``accel`` parser with its subcommands."""
     parser = _Parser(prog="accel", description="Run PyTorch training loops on CPU, CUDA or XLA, "
                      "in one process or many.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    launch = sub.add_parser("launch", help="start a script in N processes (torchrun's agent)",
-                            epilog=_EPILOG_LAUNCH, allow_abbrev=False,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_launch_args(launch)
-    _flag(launch, "sync_batchnorm", choices=["global", "node"], help="BatchNorm layers become "
-          "SyncBatchNorm at prepare(): over all processes, or over each machine's "
-          "(ACCEL_SYNC_BATCHNORM)")
+    launch_parser(sub)
     config = sub.add_parser("config", help="write the default config file (asks questions; "
                             "`accel config default` asks none)", allow_abbrev=False)
     config.add_argument("action", nargs="?", choices=["default"], help="write defaults")

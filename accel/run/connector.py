@@ -270,7 +270,8 @@ def _check_arguments(args: Arguments) -> None:
     for item in args.rng_types or []:
         if item not in _RNG_TYPES:
             raise ValueError(f"unknown rng type {item!r}; expected some of {_RNG_TYPES}")
-    check_log_with(args.log_with)
+    check_log_with(args.log_with, logging_dir=_resolve_project(
+        args.project_dir, args.project_config).logging_dir)
 
 
 def sort_handlers(handlers: list[KwargsHandler] | None) -> Handlers:

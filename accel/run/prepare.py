@@ -41,7 +41,7 @@ from .connector import Options, Runtime
 from .state import RunState
 from .wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
-__all__ = ["Preparer"]
+__all__ = ["Preparer", "check_quantized_placement"]
 
 
 _log = logging.getLogger(__name__)
@@ -60,6 +60,30 @@ def _is_scheduler(obj: Any) -> bool:
 
 
 Replaced = dict[int, tuple["weakref.ref[nn.Parameter]", nn.Parameter]]
+
+
+def check_quantized_placement(model: nn.Module, *, distributed: bool) -> None:
+    """Refuse to train an 8-bit/4-bit (bitsandbytes) model dispatched by a ``device_map`` that
+    offloads part of it to the CPU or disk, or spreads it over devices in a distributed job.
+
+    Raises:
+        ValueError: such a model (Accelerate refuses the same ones).
+    """
+    quantized = getattr(model, "is_loaded_in_8bit", False) or \
+        getattr(model, "is_loaded_in_4bit", False)
+    device_map = getattr(model, "hf_device_map", None)
+    if not quantized or not isinstance(device_map, dict) or not device_map:
+        return
+    devices = {str(d) for d in device_map.values()}
+    if "cpu" in devices or "disk" in devices:
+        raise ValueError("prepare(): a model loaded in 8-bit or 4-bit precision cannot be trained "
+                         "with CPU or disk offload (its device_map places modules on "
+                         f"{sorted(devices)}); load it wholly on the accelerator, e.g. "
+                         "device_map={'': torch.cuda.current_device()}")
+    if len(devices) > 1 and distributed:
+        raise ValueError("prepare(): a model loaded in 8-bit or 4-bit precision and spread over "
+                         f"devices {sorted(devices)} cannot be trained in a distributed job; "
+                         "load it on this process's device, or run one process")
 
 
 def _replacement(moved: Replaced, param: torch.Tensor) -> torch.Tensor:
@@ -195,6 +219,7 @@ class Preparer:
         before it is wrapped instead. A model the user compiled (wholly or in part) is not
         compiled again."""
         self.precision.check_model(model)
+        check_quantized_placement(model, distributed=self.comm.ctx.is_distributed)
         strategy = self.strategy.with_placement(place and self.strategy.place)
         dynamo = self._compiler_for(model)
         early = dynamo is not None and (bool(dynamo.use_regional_compilation)

@@ -43,6 +43,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.step_was_skipped = False
         self.steps_taken = 0
 
+    @property
+    def _is_overflow(self) -> bool:
+        """Accelerate's name for ``step_was_skipped`` (its tests set it to fake a skipped fp16
+        step); setting it sets ``step_was_skipped``, which the prepared schedulers read."""
+        return self.step_was_skipped
+
+    @_is_overflow.setter
+    def _is_overflow(self, value: bool) -> None:
+        self.step_was_skipped = bool(value)
+
     # Optimizer API --------------------------------------------------------------------------
     @property
     def state(self) -> Any:

@@ -194,6 +194,11 @@ class MLflowTracker(ServiceTracker):
         """The active ``mlflow.ActiveRun``."""
         return self._started()
 
+    @property
+    def active_run(self) -> Any:
+        """The run this tracker opened (``mlflow.ActiveRun``; ``active_run.info.run_id``)."""
+        return self._started()
+
     def store_init_configuration(self, config: Mapping[str, Any]) -> None:
         """Record ``config`` as the run's params (MLflow stores them as text)."""
         self._started()
@@ -291,7 +296,8 @@ class AimTracker(ServiceTracker):
 
     Args:
         run_name: the run's name.
-        logging_dir: the Aim repository (``Accelerator(project_dir=...)`` by default).
+        logging_dir: the Aim repository (``Accelerator(project_dir=...)`` by default); ``repo=``
+            (``aim.Run``'s name for it) is accepted instead.
         **kwargs: passed to ``aim.Run`` (e.g. ``experiment``, ``system_tracking_interval``).
     """
 
@@ -303,8 +309,13 @@ class AimTracker(ServiceTracker):
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = ".",
                  **kwargs: Any) -> None:
         check_installed(self.package, self.extra)
+        repo = kwargs.pop("repo", None)  # aim.Run's own name for the repository
+        if repo is not None and logging_dir not in (".", None) and \
+                os.fspath(repo) != os.fspath(logging_dir):
+            raise ValueError(f"aim tracker: logging_dir={os.fspath(logging_dir)!r} and "
+                             f"repo={os.fspath(repo)!r} both name the Aim repository; pass one")
         self.run_name = run_name
-        self.aim_repo_path = logging_dir
+        self.aim_repo_path = logging_dir if repo is None else repo
         self.init_kwargs = kwargs
 
     def start(self) -> None:

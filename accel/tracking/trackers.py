@@ -51,9 +51,10 @@ from ..config.settings import LoggerType
 from .base import GeneralTracker, Scalar, _scalar, _to_python, on_main_process
 from .services import SERVICES, AimTracker, CometMLTracker, MLflowTracker, WandBTracker
 
-__all__ = ["AimTracker", "CSVTracker", "CometMLTracker", "GeneralTracker", "JSONLTracker",
-           "LoggerType", "MLflowTracker", "TensorBoardTracker", "TrackerSet", "WandBTracker",
-           "available_trackers", "check_log_with", "init_trackers", "on_main_process"]
+__all__ = ["LOGGER_TYPE_TO_CLASS", "AimTracker", "CSVTracker", "CometMLTracker", "GeneralTracker",
+           "JSONLTracker", "LoggerType", "MLflowTracker", "TensorBoardTracker", "TrackerSet",
+           "WandBTracker", "available_trackers", "check_log_with", "init_trackers",
+           "on_main_process"]
 
 
 def _scalars(values: Mapping[str, Any], tracker: str) -> dict[str, Scalar]:
@@ -212,6 +213,9 @@ class TensorBoardTracker(GeneralTracker):
 _BUILTIN: Mapping[str, type[GeneralTracker]] = MappingProxyType({
     "jsonl": JSONLTracker, "csv": CSVTracker, "tensorboard": TensorBoardTracker, **SERVICES,
 })
+#: Accelerate's name for the table of built-in trackers: name -> class, read-only (accel keeps
+#: no process-wide registry; pass your own tracker as an instance in ``log_with``).
+LOGGER_TYPE_TO_CLASS: Mapping[str, type[GeneralTracker]] = _BUILTIN
 #: tracker name -> (module it needs, pip extra that installs it)
 _EXTRAS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -235,10 +239,42 @@ def available_trackers() -> list[str]:
 LogWith = str | GeneralTracker | Sequence[str | GeneralTracker] | None
 
 
-def check_log_with(log_with: LogWith) -> None:
-    """Validate ``Accelerator(log_with=...)`` early (unknown names, duplicates, missing extras)."""
-    if log_with is not None:
-        _resolve(log_with)
+def check_log_with(log_with: LogWith, *,
+                   logging_dir: str | os.PathLike[str] | None = None) -> None:
+    """Validate ``Accelerator(log_with=...)`` early: unknown names, duplicates, missing extras,
+    and trackers that write files while ``logging_dir`` (the project's) is None.
+
+    Example:
+        >>> check_log_with("csv", logging_dir="runs")  # fine
+        >>> try:
+        ...     check_log_with("csv")
+        ... except ValueError as error:
+        ...     print(str(error).split(",")[0])
+        Logging with `csv` requires a `logging_dir`
+    """
+    if log_with is None:
+        return
+    items = [log_with] if isinstance(log_with, (str, GeneralTracker)) else list(log_with)
+    wanted = _resolve(log_with)
+    if "all" not in items:  # "all" takes what can run, as in Accelerate: checked at init
+        _check_logging_dir(wanted, logging_dir)
+
+
+def _name(item: str | GeneralTracker) -> str:
+    return item if isinstance(item, str) else item.name
+
+
+def _check_logging_dir(wanted: Sequence[str | GeneralTracker],
+                       logging_dir: str | os.PathLike[str] | None) -> None:
+    """Trackers named in ``log_with`` that write files need a logging directory (an instance
+    was built by the caller, with its own directory)."""
+    if logging_dir is not None:
+        return
+    for item in wanted:
+        if isinstance(item, str) and _BUILTIN[item].requires_logging_directory:
+            raise ValueError(
+                f"Logging with `{item}` requires a `logging_dir`, but none was given; pass "
+                "Accelerator(project_dir=...) (or ProjectConfiguration(logging_dir=...))")
 
 
 def _resolve(log_with: LogWith) -> list[str | GeneralTracker]:
@@ -420,7 +456,7 @@ def _start_all(trackers: Sequence[GeneralTracker]) -> None:
 
 def init_trackers(
     log_with: LogWith,
-    project_name: str,
+    project_name: str | None,
     config: Mapping[str, Any] | None = None,
     logging_dir: str | os.PathLike[str] | None = None,
     is_main: bool = True,
@@ -433,6 +469,8 @@ def init_trackers(
             ``"mlflow"``, ``"comet_ml"``, ``"aim"``) or ``LoggerType`` member, a
             ``GeneralTracker`` instance, or a list of those.
         project_name: run name; file trackers write under ``<logging_dir>/<project_name>/``.
+            None is accepted when ``log_with`` holds only tracker instances (built by you,
+            they take no project name).
         config: hyper-parameters passed to each tracker's ``store_init_configuration``.
         logging_dir: required by the trackers that write files (``jsonl``, ``csv``,
             ``tensorboard``, ``aim``: ``Accelerator(project_dir=...)``).
@@ -450,25 +488,22 @@ def init_trackers(
         >>> run = init_trackers(None, "demo")
         >>> run.log({"loss": 1.0})  # nothing requested: nothing happens
     """
-    if not isinstance(project_name, str) or not project_name:
-        raise ValueError(f"project_name must be a non-empty string, got {project_name!r}")
     wanted = _resolve(log_with)
-    names = [t if isinstance(t, str) else t.name for t in wanted]
+    builds = any(isinstance(item, str) for item in wanted)
+    if (builds or project_name is not None) and (not isinstance(project_name, str)
+                                                 or not project_name):
+        raise ValueError(f"project_name must be a non-empty string, got {project_name!r} (it "
+                         "may be None only when log_with holds tracker instances alone)")
+    names = [_name(t) for t in wanted]
     result = TrackerSet(names=names, is_main=is_main)
     options = result._check_keys("init_kwargs", init_kwargs)
-    for item in wanted:
-        needs_dir = _BUILTIN[item].requires_logging_directory if isinstance(item, str) \
-            else item.requires_logging_directory
-        if needs_dir and logging_dir is None:
-            raise ValueError(
-                f"tracker {names[wanted.index(item)]!r} writes files but no logging directory "
-                "was given; pass Accelerator(project_dir=...) (or logging_dir=...)"
-            )
+    _check_logging_dir(wanted, logging_dir)
     for item in wanted:
         if isinstance(item, GeneralTracker):
             if is_main or not item.main_process_only:
                 result.trackers.append(item)
         elif is_main:
+            assert project_name is not None  # checked above: a tracker is built by name
             result.trackers.append(_build(item, project_name=project_name,
                                           logging_dir=logging_dir,
                                           kwargs=options.get(item, {})))

@@ -81,6 +81,7 @@ LAYER_TABLE: list[tuple[str, str]] = [
     ("accel/ps/*", "L6"),
     ("accel/big_modeling/*", "L6"),
     ("accel/utils/*", "shim"),  # Accelerate's accelerate.utils paths
+    ("accel/commands/*", "shim"),  # Accelerate's accelerate.commands paths
     ("accel/*.py", "shim"),  # Accelerate's other module paths (state, data_loader, ...)
 ]
 ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "L6": 6,
@@ -93,6 +94,10 @@ ORDER: dict[str, int] = {"L0": 0, "L1": 1, "L2": 2, "L3": 3, "L4": 4, "L5": 5, "
 #: lazy it keeps the CLI off every library import path.
 SIDE_USERS: dict[str, tuple[str, ...]] = {
     "accel/compat/other.py": ("accel.launch.config_cmd", "accel.launch.config_file"),
+    # accelerate.commands.{launch,test,env}: Accelerate's in-library entry points of its CLI,
+    # answered by accel's (the same parser and launcher as `accel launch`, no second copy)
+    "accel/compat/commands.py": ("accel.launch.cli", "accel.launch.selftest",
+                                 "accel.launch.info"),
 }
 #: Layers accel/launch may import from (at any level; module level adds "never torch").
 LAUNCH_MAY_USE = {"L0", "L1", "side"}

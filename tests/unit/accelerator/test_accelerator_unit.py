@@ -248,6 +248,7 @@ def test_save_writes_what_accelerate_writes_unless_asked_for_safetensors(tmp_pat
     ({"cpu": "yes"}, "cpu=...\\) must be True or False"),
     ({"cpu": True, "project_dir": 123}, "project_dir=...\\) must be a path"),
     ({"cpu": True, "log_with": "nonsense"}, "unknown tracker 'nonsense'"),
+    ({"cpu": True, "log_with": "csv"}, "Logging with `csv` requires a `logging_dir`"),
     ({"cpu": True, "device_placement": 1}, "device_placement=...\\) must be True or False"),
 ])
 def test_bad_argument_types_raise(kwargs: dict, match: str) -> None:

@@ -130,6 +130,10 @@ def test_registered_objects_round_trip(tmp_path: Path) -> None:
     acc.register_for_checkpointing(custom)
     with pytest.raises(TypeError, match="object has no state_dict"):
         acc.register_for_checkpointing(object())
+    with pytest.raises(ValueError, match=r"index 1 \(int\).*index 2 \(str\)") as bad:
+        acc.register_for_checkpointing(_Custom(), 3, "x")  # every bad item named, none added
+    assert "index 0" not in str(bad.value)
+    assert acc._run.custom == [custom]
     path = acc.save_state(str(tmp_path / "ckpt"))
     expected = dict(custom.state)
     custom.state = {}

@@ -152,15 +152,19 @@ def test_cpu_offload_runs_without_copies_and_restores_the_same_parameters() -> N
     assert not any("_hf_hook" in m.__dict__ or "forward" in m.__dict__ for m in model.modules())
 
 
-def test_disk_offload_writes_safetensors_and_round_trips(tmp_path: Path) -> None:
+def test_disk_offload_writes_raw_files_and_round_trips(tmp_path: Path) -> None:
     model = _model()
     expected = model(IDS)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     disk_offload(model, tmp_path / "off")
     files = sorted(os.listdir(tmp_path / "off"))
-    assert "index.json" in files and all(f.endswith((".safetensors", ".json")) for f in files)
+    assert "index.json" in files and all(f.endswith((".dat", ".json")) for f in files)
     index = json.loads((tmp_path / "off" / "index.json").read_text())
-    assert index["head.weight"]["file"] == index["embed.weight"]["file"]  # tied: stored once
+    assert "embed.weight.dat" in files and "head.weight.dat" not in files  # tied: stored once
+    assert index["head.weight"]["file"] == "embed.weight.dat"
+    assert "file" not in index["embed.weight"]
+    raw = (tmp_path / "off" / "embed.weight.dat").read_bytes()
+    assert raw == state["embed.weight"].numpy().tobytes()  # Accelerate's raw layout
     assert all(p.is_meta for p in model.parameters())
     assert model.head.weight is model.embed.weight
     assert torch.equal(model(IDS), expected)
@@ -403,7 +407,8 @@ def test_disk_parts_go_straight_to_the_offload_folder(tmp_path: Path) -> None:
     index = json.loads((tmp_path / "off" / "index.json").read_text())
     assert set(index) == {"blocks.1.0.weight", "blocks.1.0.bias", "blocks.2.0.weight",
                           "blocks.2.0.bias", "head.weight", "embed.weight"}  # tied: one file
-    assert index["head.weight"] == index["embed.weight"]
+    assert index["head.weight"] == {**index["embed.weight"], "file": "embed.weight.dat"}
+    assert not (tmp_path / "off" / "head.weight.dat").exists()
     assert model.blocks[1][0].weight.is_meta and not model.blocks[0][0].weight.is_meta
     assert not model.embed.weight.is_meta  # tied to the disk head, but embed is on the CPU
 

@@ -22,6 +22,7 @@ from accel.data_loader import (
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
+    SkipDataLoader,
     prepare_data_loader,
     skip_first_batches,
 )
@@ -95,14 +96,16 @@ def test_prepare_data_loader_refuses_what_accel_does_not_do() -> None:
         prepare_data_loader(dl, rng_types=["generator"], use_seedable_sampler=True)
 
 
-@pytest.mark.parametrize("name", ["DataLoaderDispatcher", "IterableDatasetShard"])
-def test_names_accel_does_not_offer_raise_when_used(name: str) -> None:
-    cls = {"DataLoaderDispatcher": DataLoaderDispatcher,
-           "IterableDatasetShard": IterableDatasetShard}[name]
-    with pytest.raises(NotImplementedError, match=f"{name} is not offered by accel.*prepare"):
-        cls(range(4), batch_size=2)
+@pytest.mark.parametrize("cls", [DataLoaderDispatcher, IterableDatasetShard])
+def test_classes_prepare_never_makes(cls: type) -> None:
+    if cls is DataLoaderDispatcher:
+        with pytest.raises(NotImplementedError, match="DataLoaderDispatcher is not offered"):
+            cls(range(4), batch_size=2)
     # importing and isinstance checks keep working (accel never makes one)
     assert not isinstance(prepare_data_loader(DataLoader(range(4), batch_size=2)), cls)
+    prepared = prepare_data_loader(DataLoader(range(4), batch_size=2), num_processes=2,
+                                   process_index=0)
+    assert not isinstance(prepared.dataset, cls)
 
 
 def test_seedable_random_sampler_orders() -> None:
@@ -135,3 +138,82 @@ def test_accelerates_constructors() -> None:
     assert [b.tolist() for b in skip_first_batches(DataLoader(range(5), batch_size=2), 2)] == [
         [4]]
 
+
+
+def test_data_loader_shard_built_from_a_dataset() -> None:
+    shard = DataLoaderShard(list(range(10)), batch_size=4)  # one process: no sharding
+    assert isinstance(shard, DataLoaderShard) and issubclass(type(shard), DataLoaderShard)
+    for _ in range(2):  # every pass marks its own last batch
+        seen = [(b.tolist(), shard.end_of_dataloader) for b in shard]
+        assert seen == [([0, 1, 2, 3], False), ([4, 5, 6, 7], False), ([8, 9], True)]
+    moved = DataLoaderShard(range(4), device=torch.device("meta"), batch_size=2)
+    assert next(iter(moved)).device.type == "meta"
+    assert DataLoaderShard(range(4), batch_size=2, iteration=3).epoch == 3
+    with pytest.raises(NotImplementedError, match="skip_first_batches"):
+        DataLoaderShard(range(4), batch_size=2, skip_batches=1)
+    with pytest.raises(NotImplementedError, match="synchronized_generator"):
+        DataLoaderShard(range(4), synchronized_generator=torch.Generator())
+
+
+def test_skip_data_loader() -> None:
+    dl = SkipDataLoader(list(range(10)), skip_batches=2, batch_size=3)
+    assert isinstance(dl, DataLoader) and len(dl) == 2
+    for _ in range(2):  # every pass skips
+        assert [b.tolist() for b in dl] == [[6, 7, 8], [9]]
+    assert list(SkipDataLoader(range(4), skip_batches=9, batch_size=2)) == []
+    assert len(SkipDataLoader(range(4), skip_batches=9, batch_size=2)) == 0
+    with pytest.raises(NotImplementedError, match="use_stateful_dataloader=True"):
+        SkipDataLoader(range(4), use_stateful_dataloader=True)
+    with pytest.raises(ValueError, match="skip_batches must be >= 0"):
+        SkipDataLoader(range(4), skip_batches=-1)
+
+
+class _Stream(torch.utils.data.IterableDataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.epochs: list[int] = []
+
+    def __iter__(self) -> Any:
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+def test_iterable_dataset_shard() -> None:
+    def shards(n: int, **kwargs: Any) -> list[list[int]]:
+        return [list(IterableDatasetShard(_Stream(n), num_processes=2, process_index=r,
+                                          **kwargs)) for r in range(2)]
+
+    # groups of 2 x 2 samples, rank r keeping its contiguous 2; the last group cycles the first
+    assert shards(7, batch_size=2) == [[0, 1, 4, 5], [2, 3, 6, 0]]
+    assert shards(7, batch_size=2, drop_last=True) == [[0, 1], [2, 3]]
+    assert shards(7, batch_size=4, split_batches=True) == [[0, 1, 4, 5], [2, 3, 6, 0]]
+    assert shards(3, batch_size=4) == [[0, 1, 2, 0], [1, 2, 0, 1]]  # one partial group
+    assert shards(3, batch_size=4, drop_last=True) == [[], []]
+    assert len(IterableDatasetShard(_Stream(7), batch_size=2, num_processes=2)) == 4
+    assert len(IterableDatasetShard(_Stream(7), batch_size=2, num_processes=2,
+                                    drop_last=True)) == 2
+    stream = _Stream(4)
+    shard = IterableDatasetShard(stream, batch_size=2)
+    shard.set_epoch(3)
+    assert shard.epoch == 3 and stream.epochs == [3]
+    with pytest.raises(ValueError, match="round multiple of 2"):
+        IterableDatasetShard(stream, batch_size=3, num_processes=2, split_batches=True)
+
+
+def test_set_epoch_reaches_the_users_batch_sampler_at_once() -> None:
+    class Batches(BatchSampler):
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+    batches = Batches(range(8), batch_size=4, drop_last=False)
+    dl = prepare_data_loader(DataLoader(range(8), batch_sampler=batches))
+    dl.set_epoch(2)
+    assert batches.epoch == 2 and dl.epoch == 2
+    assert [b.tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]] and batches.epoch == 2

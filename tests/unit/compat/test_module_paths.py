@@ -50,8 +50,8 @@ def test_constants_name_shared_behaviour_and_not_checkpoint_files() -> None:
 
 
 def test_modeling_names_accel_lacks_say_what_to_use() -> None:
-    from accel.utils.modeling import get_module_leaves, get_state_dict_offloaded_model
+    from accel.utils.modeling import get_module_leaves, get_state_dict_from_offload
     with pytest.raises(NotSupportedError, match="infer_auto_device_map"):
         get_module_leaves(torch.nn.Linear(1, 1))
-    with pytest.raises(NotSupportedError, match="not provided yet"):
-        get_state_dict_offloaded_model(torch.nn.Linear(1, 1))
+    with pytest.raises(NotSupportedError, match="get_state_dict_offloaded_model"):
+        get_state_dict_from_offload(torch.nn.Linear(1, 1), "", {})

@@ -25,6 +25,7 @@ from torch.utils.data import (
 
 from accel.config import DataLoaderConfiguration
 from accel.data import (
+    BatchSamplerShard,
     DataTracker,
     PreparedDataLoader,
     SeedableSampler,
@@ -570,3 +571,18 @@ def test_default_mode_state_keeps_the_generator_of_the_pass() -> None:
         assert rest == (epochs[1][skip:] if skip < 4 else epochs[2])
     with pytest.warns(UserWarning, match="shuffled in another order"):
         loader(2).load_state_dict({k: v for k, v in states[0].items() if k != "generator"})
+
+
+def test_batches_of_varying_size_pad_with_whole_first_batches() -> None:
+    # no nominal batch size: missing ranks get whole batches of the first round, cycling
+    batches = [[0], [1, 2], [3, 4, 5], [6], [7, 8], [9, 10, 11], [12, 13]]
+    shards = [list(BatchSamplerShard(batches, 3, r)) for r in range(3)]
+    assert shards == [[[0], [6], [12, 13]], [[1, 2], [7, 8], [0]],
+                      [[3, 4, 5], [9, 10, 11], [1, 2]]]
+    assert [list(BatchSamplerShard([[0, 1, 2]], 3, r)) for r in range(3)] == [[[0, 1, 2]]] * 3
+    steps = list(BatchSamplerShard(batches, 3, 1).steps())
+    assert [(s.payload, s.size, s.real) for s in steps][-1] == ([0], 1, 0)  # marked padding
+    # a nominal batch size still completes the short batch from the first samples
+    sized = torch.utils.data.BatchSampler(range(7), batch_size=3, drop_last=False)
+    assert list(BatchSamplerShard(sized, 2, 0)) == [[0, 1, 2], [6, 0, 1]]
+    assert list(BatchSamplerShard(sized, 2, 1)) == [[3, 4, 5], [2, 3, 4]]

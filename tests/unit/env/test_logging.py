@@ -120,6 +120,22 @@ def test_record_points_at_the_caller_and_warning_once() -> None:
     assert records.messages == ["here", "once"]
 
 
+def test_given_stacklevel_counts_the_adapter_frame_as_in_accelerate() -> None:
+    logger, records = _logger()
+
+    class Wrapper(logging.LoggerAdapter):  # type: ignore[type-arg]
+        def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+            kwargs["stacklevel"] = 3  # 1: the adapter's log, 2: this method, 3: its caller
+            self.logger.log(level, msg, *args, **kwargs)
+
+    Wrapper(logger, {}).warning("wrapped")
+    line = sys._getframe().f_lineno - 1
+    logger.warning("direct", stacklevel=2)
+    logger.warning_once("direct once", stacklevel=2)
+    assert [r.lineno for r in records.records] == [line, line + 2, line + 3]
+    assert {r.funcName for r in records.records} == {sys._getframe().f_code.co_name}
+
+
 def test_main_print(capsys: pytest.CaptureFixture[str]) -> None:
     main_print(True, "a", 1, sep="-")
     main_print(False, "hidden")

@@ -28,22 +28,22 @@ OOMS: list[Callable[[], BaseException]] = [
 
 
 @pytest.mark.parametrize("make_error", OOMS)
-def test_halves_on_oom_and_stops_at_the_first_size_that_fits(
+def test_reduces_by_a_tenth_on_oom_and_stops_at_the_first_size_that_fits(
         make_error: Callable[[], BaseException]) -> None:
     tried: list[int] = []
 
     @find_executable_batch_size(starting_batch_size=64)
     def train(batch_size: int, scale: int, *, offset: int = 0) -> int:
         tried.append(batch_size)
-        if batch_size > 24:
+        if batch_size > 50:
             raise make_error()
         return batch_size * scale + offset
 
-    assert train(10, offset=1) == 161
-    assert tried == [64, 32, 16]
+    assert train(10, offset=1) == 451
+    assert tried == [64, 57, 51, 45]  # int(size * 0.9), as in Accelerate
     tried.clear()
-    assert train(1) == 16  # every call starts again from starting_batch_size
-    assert tried == [64, 32, 16]
+    assert train(1) == 45  # every call starts again from starting_batch_size
+    assert tried == [64, 57, 51, 45]
 
 
 def test_other_errors_propagate_at_once() -> None:
@@ -65,7 +65,8 @@ def test_reaching_zero_raises_with_the_sizes_tried() -> None:
     def train(batch_size: int) -> None:
         raise RuntimeError("CUDA out of memory.")
 
-    with pytest.raises(RuntimeError, match=r"train: no executable batch size found.*\(8, 4, 2, 1\)"
+    with pytest.raises(RuntimeError, match=r"train: no executable batch size found, reached "
+                                           r"zero.*\(8, 7, 6, 5, 4, 3, 2, 1\)"
                                            r".*Last error: RuntimeError: CUDA out of memory"):
         find_executable_batch_size(train, starting_batch_size=8)()
 
@@ -83,6 +84,10 @@ def test_custom_reduction_and_bad_reduction() -> None:
     assert tried == [100, 90, 80, 70]
     with pytest.raises(ValueError, match=r"reduce_batch_size_fn\(100\) returned 100"):
         find_executable_batch_size(train, 100, lambda b: b)()
+    sizes = iter([95, 75, 60])  # Accelerate's form: no argument, it tracks the size itself
+    tried.clear()
+    assert find_executable_batch_size(train, 100, lambda: next(sizes))() == 60
+    assert tried == [100, 95, 75, 60]
 
 
 def test_previous_attempt_is_released_before_the_next() -> None:
@@ -99,7 +104,7 @@ def test_previous_attempt_is_released_before_the_next() -> None:
         return int(activations.shape[0])
 
     assert train() == 1
-    assert alive_at_start == [False, False, False]
+    assert alive_at_start == [False] * 4  # sizes 4, 3, 2, 1
 
 
 def test_batch_size_must_be_the_first_argument() -> None:
@@ -119,7 +124,10 @@ def test_batch_size_must_be_the_first_argument() -> None:
     assert train("m") == "m:2"
     assert train.__name__ == "train"
     with pytest.raises(ValueError, match="starting_batch_size"):
-        find_executable_batch_size(lambda b: b, starting_batch_size=0)
+        find_executable_batch_size(lambda b: b, starting_batch_size=-1)
+    at_zero = find_executable_batch_size(lambda b: b, starting_batch_size=0)  # as Accelerate:
+    with pytest.raises(RuntimeError, match="reached zero: starting_batch_size is 0"):
+        at_zero()  # raised on the call
 
 
 def test_release_memory_returns_nones_and_frees() -> None:

@@ -110,7 +110,7 @@ def test_log_with_resolution_and_errors(tmp_path: Path) -> None:
                                          r"'tensorboard', 'wandb', 'comet_ml', 'aim', 'mlflow', "
                                          r"or a GeneralTracker"):
         init_trackers(["jsonl", "nonsense"], "p", None, tmp_path)
-    with pytest.raises(ValueError, match="'jsonl' writes files but no logging directory"):
+    with pytest.raises(ValueError, match="Logging with `jsonl` requires a `logging_dir`"):
         init_trackers("jsonl", "p", None, None, is_main=False)  # checked on every rank
     with pytest.raises(ValueError, match=r"init_kwargs names tracker\(s\) \['csv'\]"):
         init_trackers("jsonl", "p", None, tmp_path, init_kwargs={"csv": {}})
@@ -254,3 +254,31 @@ def test_a_tracker_that_fails_to_start_leaves_no_other_run_open() -> None:
         init_trackers(trackers, "exp")
     # a and b were started, so they are finished (newest first); d was never started
     assert events == ["start a", "start b", "finish b", "finish a"]
+
+
+def test_logger_type_to_class_is_the_read_only_table_of_built_in_trackers() -> None:
+    from accel.tracking import LOGGER_TYPE_TO_CLASS
+
+    assert LOGGER_TYPE_TO_CLASS["csv"] is CSVTracker
+    assert list(LOGGER_TYPE_TO_CLASS)[:3] == ["jsonl", "csv", "tensorboard"]
+    assert {"wandb", "mlflow", "comet_ml", "aim"} <= set(LOGGER_TYPE_TO_CLASS)
+    with pytest.raises(TypeError):
+        LOGGER_TYPE_TO_CLASS["mine"] = Recorder  # type: ignore[index]
+
+
+def test_a_file_tracker_without_a_logging_dir_is_refused_when_log_with_is_checked() -> None:
+    from accel.tracking.trackers import check_log_with
+
+    with pytest.raises(ValueError, match="Logging with `csv` requires a `logging_dir`.*project_dir"):
+        check_log_with(["csv"])
+    check_log_with("csv", logging_dir="runs")  # given: fine
+    check_log_with(Recorder())  # an instance: built by the caller, nothing to check
+
+
+def test_the_project_name_may_be_none_only_for_tracker_instances(tmp_path: Path) -> None:
+    tracker = Recorder()
+    run = init_trackers(tracker, None, {"lr": 0.1})  # type: ignore[arg-type]
+    run.log({"loss": 1.0}, step=0)
+    assert tracker.calls == [("config", {"lr": 0.1}), ("log", {"loss": 1.0}, 0, {})]
+    with pytest.raises(ValueError, match="project_name must be a non-empty string.*instances"):
+        init_trackers(["jsonl", Recorder()], None, None, tmp_path)  # type: ignore[arg-type]

@@ -61,6 +61,28 @@ def test_mlflow_environment_takes_priority(monkeypatch: pytest.MonkeyPatch) -> N
         MLflowTracker("arg")
 
 
+def test_mlflow_active_run_is_the_run_it_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not is_available("mlflow"):
+        monkeypatch.setattr("accel.tracking.services.check_installed", lambda *a: None)
+    tracker = MLflowTracker("exp")
+    with pytest.raises(RuntimeError, match="no run yet.*init_trackers"):
+        _ = tracker.active_run
+    run = object()
+    tracker._run_object = run
+    assert tracker.active_run is run and tracker.tracker is run
+
+
+def test_aim_takes_the_repository_as_logging_dir_or_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not is_available("aim"):
+        monkeypatch.setattr("accel.tracking.services.check_installed", lambda *a: None)
+    assert AimTracker("r", "runs").aim_repo_path == "runs"
+    tracker = AimTracker("r", repo="elsewhere", experiment="e")
+    assert (tracker.aim_repo_path, tracker.init_kwargs) == ("elsewhere", {"experiment": "e"})
+    assert AimTracker("r", "same", repo="same").aim_repo_path == "same"
+    with pytest.raises(ValueError, match="both name the Aim repository; pass one"):
+        AimTracker("r", "runs", repo="elsewhere")
+
+
 @needs("comet_ml", "comet-ml")
 def test_comet_offline_archive_reads_back(tmp_path: Path) -> None:
     import comet_ml
