@@ -295,7 +295,10 @@ def test_accelerator_names_in_readme_exist() -> None:
     text = readme()
     for name in set(re.findall(r"accelerator\.(\w+)", text)):
         assert hasattr(Accelerator, name), f"README uses accelerator.{name}"
-    documented_as_raising = {"deepspeed_plugin"}
+    from accel.compat.refusals import LEGACY_ARGUMENTS
+
+    # raising, or Accelerate's older arguments taken outside the signature (split_batches)
+    documented_as_raising = {"deepspeed_plugin", *LEGACY_ARGUMENTS}
     for callee in ("Accelerator", "notebook_launcher", "ProjectConfiguration",
                    "DataLoaderConfiguration", "get_logger", "find_executable_batch_size"):
         params = inspect.signature(getattr(accel, callee)).parameters
@@ -332,6 +335,8 @@ def test_environment_variables_table_matches_accel_env() -> None:
 def test_unsupported_accelerate_arguments_raise_as_documented() -> None:
     from accel import Accelerator
 
-    for name in ("deepspeed_plugin", "fsdp_plugin", "dispatch_batches", "split_batches"):
+    for name in ("deepspeed_plugin", "fsdp_plugin", "dispatch_batches", "even_batches"):
         with pytest.raises(TypeError, match=name):
             Accelerator(cpu=True, **{name: object()})
+    with pytest.warns(FutureWarning, match="split_batches"):  # taken, as in Accelerate
+        assert Accelerator(cpu=True, split_batches=True).split_batches  # type: ignore[call-arg]
