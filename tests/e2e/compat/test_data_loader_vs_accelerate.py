@@ -11,9 +11,8 @@ import sys
 import textwrap
 
 import pytest
-from torch.utils.data import DataLoader
 
-from accel.data_loader import prepare_data_loader
+from tests.unit.compat.test_data_loader import _shards
 
 #: (samples, batch size, shuffle, split_batches, even_batches) on 2 processes
 CASES = [(n, bs, shuffle, split, even) for n in (1, 5, 7, 13, 16) for bs in (2, 4)
@@ -99,14 +98,3 @@ def test_default_mode_orders_and_global_rng_as_accelerate() -> None:
     for case, ((_, batches), _) in zip(DEFAULT_CASES, ours, strict=True):
         half = len(batches) // 2
         assert (batches[:half] == batches[half:]) == (case[4] == "reseed"), case
-
-
-def _shards(n: int, bs: int, shuffle: bool, split: bool, even: bool) -> list[list[list[int]]]:
-    """Two epochs of every rank's batches (as lists), built in this one process."""
-    out = []
-    for rank in range(2):
-        dl = prepare_data_loader(DataLoader(range(n), batch_size=bs, shuffle=shuffle),
-                                 num_processes=2, process_index=rank, split_batches=split,
-                                 even_batches=even, use_seedable_sampler=True, data_seed=7)
-        out.append([b.tolist() for _ in range(2) for b in dl])
-    return out

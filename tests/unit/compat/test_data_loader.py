@@ -26,6 +26,7 @@ from accel.data_loader import (
     prepare_data_loader,
     skip_first_batches,
 )
+from tests.unit.data.test_data import Stream
 
 
 def _shards(n: int, bs: int, shuffle: bool, split: bool, even: bool) -> list[list[list[int]]]:
@@ -168,24 +169,9 @@ def test_skip_data_loader() -> None:
         SkipDataLoader(range(4), skip_batches=-1)
 
 
-class _Stream(torch.utils.data.IterableDataset[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.epochs: list[int] = []
-
-    def __iter__(self) -> Any:
-        return iter(range(self.n))
-
-    def __len__(self) -> int:
-        return self.n
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epochs.append(epoch)
-
-
 def test_iterable_dataset_shard() -> None:
     def shards(n: int, **kwargs: Any) -> list[list[int]]:
-        return [list(IterableDatasetShard(_Stream(n), num_processes=2, process_index=r,
+        return [list(IterableDatasetShard(Stream(n), num_processes=2, process_index=r,
                                           **kwargs)) for r in range(2)]
 
     # groups of 2 x 2 samples, rank r keeping its contiguous 2; the last group cycles the first
@@ -194,10 +180,10 @@ def test_iterable_dataset_shard() -> None:
     assert shards(7, batch_size=4, split_batches=True) == [[0, 1, 4, 5], [2, 3, 6, 0]]
     assert shards(3, batch_size=4) == [[0, 1, 2, 0], [1, 2, 0, 1]]  # one partial group
     assert shards(3, batch_size=4, drop_last=True) == [[], []]
-    assert len(IterableDatasetShard(_Stream(7), batch_size=2, num_processes=2)) == 4
-    assert len(IterableDatasetShard(_Stream(7), batch_size=2, num_processes=2,
+    assert len(IterableDatasetShard(Stream(7), batch_size=2, num_processes=2)) == 4
+    assert len(IterableDatasetShard(Stream(7), batch_size=2, num_processes=2,
                                     drop_last=True)) == 2
-    stream = _Stream(4)
+    stream = Stream(4)
     shard = IterableDatasetShard(stream, batch_size=2)
     shard.set_epoch(3)
     assert shard.epoch == 3 and stream.epochs == [3]

@@ -273,6 +273,8 @@ def test_a_file_tracker_without_a_logging_dir_is_refused_when_log_with_is_checke
         check_log_with(["csv"])
     check_log_with("csv", logging_dir="runs")  # given: fine
     check_log_with(Recorder())  # an instance: built by the caller, nothing to check
+    check_log_with("all")  # what can run: checked when the trackers start, as in Accelerate
+    check_log_with(["all", Recorder()])
 
 
 def test_the_project_name_may_be_none_only_for_tracker_instances(tmp_path: Path) -> None:
