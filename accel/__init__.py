@@ -34,7 +34,9 @@ _EXPORTS: dict[str, str] = {
     "PartialState": "accel.compat.state",
     "TorchDynamoPlugin": "accel.strategy.compile",
     "FullyShardedDataParallelPlugin": "accel.config.fsdp",
-    "ParallelismConfig": "accel.config.fsdp",
+    "ParallelismConfig": "accel.config.parallelism",
+    "TorchContextParallelConfig": "accel.config.parallelism",
+    "TorchTensorParallelConfig": "accel.config.parallelism",
     "GeneralTracker": "accel.tracking.trackers",
     "debug_launcher": "accel.launch.notebook",
     "find_executable_batch_size": "accel.run.memory",
@@ -102,7 +104,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .compat.state import GradientState as GradientState
     from .compat.state import PartialState as PartialState
     from .config.fsdp import FullyShardedDataParallelPlugin as FullyShardedDataParallelPlugin
-    from .config.fsdp import ParallelismConfig as ParallelismConfig
+    from .config.parallelism import ParallelismConfig as ParallelismConfig
+    from .config.parallelism import TorchContextParallelConfig as TorchContextParallelConfig
+    from .config.parallelism import TorchTensorParallelConfig as TorchTensorParallelConfig
     from .config.settings import AutocastKwargs as AutocastKwargs
     from .config.settings import DataLoaderConfiguration as DataLoaderConfiguration
     from .config.settings import DDPCommunicationHookType as DDPCommunicationHookType

@@ -24,4 +24,4 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config.fsdp import ParallelismConfig as ParallelismConfig
+    from .config.parallelism import ParallelismConfig as ParallelismConfig

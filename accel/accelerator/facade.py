@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from .._base.parse import parse_int
-from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.fsdp import FullyShardedDataParallelPlugin
+from ..config.parallelism import ParallelismConfig
 from ..config.settings import (
     AutocastKwargs,
     DataLoaderConfiguration,

@@ -7,7 +7,12 @@ Example:
 
 from __future__ import annotations
 
-from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.fsdp import FullyShardedDataParallelPlugin
+from ..config.parallelism import (
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
 from ..config.settings import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -28,4 +33,5 @@ __all__ = ["AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguratio
            "DistributedDataParallelKwargs", "DistributedType", "GradScalerKwargs",
            "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler", "LoggerType",
            "PrecisionType", "ProjectConfiguration", "DynamoBackend", "TorchDynamoPlugin",
-           "FullyShardedDataParallelPlugin", "ParallelismConfig"]
+           "FullyShardedDataParallelPlugin", "ParallelismConfig",
+           "TorchContextParallelConfig", "TorchTensorParallelConfig"]

@@ -79,7 +79,7 @@ _MODELING: dict[str, str] = {
 #: Extra single names a path re-exports from a module that is not wholly re-exported.
 EXTRA: dict[str, dict[str, str]] = {
     "accel.utils.modeling": _MODELING,
-    "accel.parallelism_config": {"ParallelismConfig": "accel.config.fsdp"},
+    "accel.parallelism_config": {"ParallelismConfig": "accel.config.parallelism"},
     **{f"accel.commands.{command}": dict.fromkeys(
         (f"{command}_command", f"{command}_command_parser"), "accel.compat.commands")
        for command in ("launch", "test", "env")},

@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from ..accelerator.process import only_where, process_filter
-from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.fsdp import FullyShardedDataParallelPlugin
+from ..config.parallelism import ParallelismConfig
 from ..config.settings import GradientAccumulationPlugin, InitProcessGroupKwargs
 from ..data import PreparedDataLoader
 from ..distributed import Communicator, ProcessContext, ProcessGroupHandle

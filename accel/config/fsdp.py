@@ -1,5 +1,5 @@
-"""FSDP2 settings with Hugging Face Accelerate's names: ``FullyShardedDataParallelPlugin`` and
-``ParallelismConfig``.
+"""FSDP2 settings with Hugging Face Accelerate's names: ``FullyShardedDataParallelPlugin`` (and
+the ``accel launch`` settings of it and of ``ParallelismConfig``).
 
 accel shards with PyTorch's own FSDP2 (``torch.distributed.fsdp.fully_shard``). The plugin takes
 Accelerate's field names and spellings; fields that only FSDP1 had are mapped to their FSDP2
@@ -18,8 +18,6 @@ Example:
     ...                                         transformer_cls_names_to_wrap="Block,Layer")
     >>> plugin.reshard_after_forward, plugin.auto_wrap_policy, plugin.transformer_cls_names_to_wrap
     (False, 'transformer_based_wrap', ['Block', 'Layer'])
-    >>> ParallelismConfig(dp_replicate_size=2).mesh_shape(world_size=8)
-    (2, 4)
 """
 
 from __future__ import annotations
@@ -31,12 +29,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._base.parse import FALSE_WORDS, TRUE_WORDS
 from .._base.warn import warn_user
+from .parallelism import ParallelismConfig
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["FullyShardedDataParallelPlugin", "LAUNCH_FSDP", "LAUNCH_PARALLELISM",
-           "ParallelismConfig", "STATE_DICT_TYPES", "WRAP_POLICIES", "parallelism_from_launch",
+           "STATE_DICT_TYPES", "WRAP_POLICIES", "parallelism_from_launch",
            "plugin_from_launch"]
 
 _T = TypeVar("_T")
@@ -350,78 +349,6 @@ class FullyShardedDataParallelPlugin:
         return bool(self.state_dict_type == "SHARDED_STATE_DICT")
 
 
-@dataclass
-class ParallelismConfig:
-    """The device mesh of a sharded run: ``dp_replicate_size`` groups × ``dp_shard_size``
-    ranks that shard the model among themselves (HSDP when both exceed 1).
-
-    A size left ``None`` is what the world size leaves for it; with neither given the model is
-    sharded over all ranks on one node and over each node's ranks, replicated across nodes,
-    on several. accel has no tensor, context or sequence parallelism: ``tp_size``,
-    ``cp_size`` and ``sp_size`` other than 1 are refused.
-    """
-
-    dp_replicate_size: int | None = None
-    dp_shard_size: int | None = None
-    tp_size: int | None = None
-    cp_size: int | None = None
-    cp_backend: str | None = None
-    sp_size: int | None = None
-    sp_backend: str | None = None
-    tp_handler: Any = None
-    cp_handler: Any = None
-    sp_handler: Any = None
-
-    def __post_init__(self) -> None:
-        for name in ("tp_size", "cp_size", "sp_size"):
-            if getattr(self, name) not in (None, 1):
-                raise ValueError(f"ParallelismConfig({name}={getattr(self, name)}): accel has no "
-                                 "tensor, context or sequence parallelism; use dp_shard_size "
-                                 "and dp_replicate_size")
-        for name in ("dp_replicate_size", "dp_shard_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"ParallelismConfig({name}={value!r}) must be a positive int")
-
-    @property
-    def total_size(self) -> int:
-        return (self.dp_replicate_size or 1) * (self.dp_shard_size or 1)
-
-    def mesh_shape(self, world_size: int, local_world_size: int | None = None
-                   ) -> tuple[int, int]:
-        """``(replicate, shard)`` for ``world_size`` ranks; a missing size is inferred
-        (``local_world_size``: the shard size by default, when the job spans several nodes)."""
-        rep, shard = self.dp_replicate_size, self.dp_shard_size
-        if rep is None and shard is None:
-            if local_world_size and world_size > local_world_size and \
-                    world_size % local_world_size == 0:
-                return world_size // local_world_size, local_world_size
-            return 1, world_size
-        if rep is None:
-            rep = world_size // shard if shard and world_size % shard == 0 else 0
-        elif shard is None:
-            shard = world_size // rep if world_size % rep == 0 else 0
-        if not rep or not shard or rep * shard != world_size:
-            raise ValueError(f"ParallelismConfig(dp_replicate_size={self.dp_replicate_size}, "
-                             f"dp_shard_size={self.dp_shard_size}) does not fit {world_size} "
-                             "processes: their product must equal the number of processes")
-        return rep, shard
-
-    def build_device_mesh(self, device_type: str, local_world_size: int | None = None) -> Any:
-        """The ``DeviceMesh`` for the running process group (Accelerate's method): 1-D
-        ``("dp_shard",)`` without replication, else 2-D ``("dp_replicate", "dp_shard")``
-        (``local_world_size``: see :meth:`mesh_shape`)."""
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
-        rep, shard = self.mesh_shape(dist.get_world_size(), local_world_size)
-        if rep == 1:
-            return init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
-        return init_device_mesh(device_type, (rep, shard),
-                                mesh_dim_names=("dp_replicate", "dp_shard"))
-
-
 # -- accel launch ------------------------------------------------------------------------------
 #: ``accel launch`` settings (Accelerate's ``--fsdp_*`` flag and ``fsdp_config`` key names) and
 #: the plugin field each one sets; a worker gets them as ``ACCEL_<NAME>`` variables.
@@ -468,9 +395,9 @@ def parallelism_from_launch(values: Mapping[str, Any], where: Callable[[str], st
     """The ``ParallelismConfig`` of ``accel launch``'s ``parallelism_config_*`` settings.
 
     Example:
-        >>> parallelism_from_launch({"parallelism_config_dp_replicate_size": "2"})
-        ParallelismConfig(dp_replicate_size=2, dp_shard_size=None, tp_size=None, cp_size=None, \
-cp_backend=None, sp_size=None, sp_backend=None, tp_handler=None, cp_handler=None, sp_handler=None)
+        >>> config = parallelism_from_launch({"parallelism_config_dp_replicate_size": "2"})
+        >>> config.dp_replicate_size, config.dp_shard_size, config.tp_size
+        (2, None, 1)
     """
     sizes = {}
     for name, value in values.items():

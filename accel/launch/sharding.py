@@ -29,10 +29,10 @@ from .._base.parse import parse_bool
 from ..config.fsdp import (
     LAUNCH_FSDP,
     LAUNCH_PARALLELISM,
-    ParallelismConfig,
     parallelism_from_launch,
     plugin_from_launch,
 )
+from ..config.parallelism import ParallelismConfig, refuse_model_parallel
 from .errors import CLIError
 
 __all__ = ["FSDP_SETTINGS", "PARALLELISM_SETTINGS", "WORKER_SIZES", "Lookup", "resolve_fsdp",
@@ -134,10 +134,21 @@ def _validate(lookup: Lookup, *, values: dict[str, str], sizes: dict[str, str],
             plugin_from_launch(values, lambda name: _where(lookup, name))
             mesh = parallelism_from_launch(sizes, lambda name: _where(lookup, name)) \
                 if sizes else None
+            if mesh is not None:
+                refuse_model_parallel(mesh)
         except ValueError as exc:
-            raise CLIError(str(exc)) from None
+            raise CLIError(_blamed(str(exc), lookup=lookup, sizes=sizes)) from None
     warnings.extend(dict.fromkeys(str(item.message) for item in caught))
     return mesh
+
+
+def _blamed(message: str, *, lookup: Lookup, sizes: dict[str, str]) -> str:
+    """``message`` of a refused model-parallel size, led by the flag or key that set it."""
+    if not message.startswith("ParallelismConfig("):
+        return message
+    given = [f"{_where(lookup, name)} {value}" for name, value in sizes.items()
+             if name.rsplit("_", 2)[-2] in ("tp", "cp", "sp") and str(value) != "1"]
+    return f"{', '.join(given)}: {message}" if given else message
 
 
 def _check_mesh(mesh: ParallelismConfig | None, *, total: int, machines: int, given: str) -> None:

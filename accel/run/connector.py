@@ -34,10 +34,10 @@ from ..config.fsdp import (
     LAUNCH_FSDP,
     LAUNCH_PARALLELISM,
     FullyShardedDataParallelPlugin,
-    ParallelismConfig,
     parallelism_from_launch,
     plugin_from_launch,
 )
+from ..config.parallelism import ParallelismConfig
 from ..config.settings import (
     AutocastKwargs,
     DataLoaderConfiguration,

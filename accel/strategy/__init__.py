@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from .._base.warn import warn_user
-from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.fsdp import FullyShardedDataParallelPlugin
+from ..config.parallelism import ParallelismConfig, refuse_model_parallel
 from ..config.settings import DistributedDataParallelKwargs, PrecisionType
 from ..distributed import ProcessContext
 from .base import Strategy, no_join, strip_parallel, unwrap_module
@@ -33,6 +34,8 @@ def select_strategy(ctx: ProcessContext, *, place: bool = True,
     An FSDP plugin on one process (debugging on a laptop, resuming a sharded checkpoint on one
     process) runs FSDP2 on a one-device mesh, with one warning.
     """
+    if parallelism is not None:
+        refuse_model_parallel(parallelism)
     shards = parallelism is not None and \
         parallelism.mesh_shape(ctx.world_size, ctx.local_world_size)[1] > 1
     if fsdp_plugin is not None or shards:

@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .._base.warn import warn_user
-from ..config.fsdp import FullyShardedDataParallelPlugin, ParallelismConfig
+from ..config.fsdp import FullyShardedDataParallelPlugin
+from ..config.parallelism import ParallelismConfig
 from ..config.settings import DistributedDataParallelKwargs, PrecisionType
 from ..distributed import ProcessContext
 from .base import Strategy, SyncSetting, strip_compile
@@ -42,7 +43,7 @@ class MeshHolder:
 
     def get(self, ctx: ProcessContext) -> Any:
         if self.mesh is None:
-            self.mesh = self.parallelism.build_device_mesh(ctx.device.type, ctx.local_world_size)
+            self.mesh = self.parallelism.data_parallel_mesh(ctx.device.type, ctx.local_world_size)
         return self.mesh
 
 

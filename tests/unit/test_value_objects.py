@@ -32,7 +32,9 @@ PUBLIC: dict[str, str] = {
         "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs",
         "ProjectConfiguration")), "Accelerate configuration class"),
     "accel.config.fsdp:FullyShardedDataParallelPlugin": "Accelerate configuration class",
-    "accel.config.fsdp:ParallelismConfig": "Accelerate configuration class",
+    **dict.fromkeys((f"accel.config.parallelism:{name}" for name in (
+        "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig")),
+        "Accelerate configuration class"),
     "accel.strategy.compile:TorchDynamoPlugin": "Accelerate configuration class",
     # accel.ps's sparse optimizers: Paddle's optimizers take the learning rate positionally.
     **dict.fromkeys((f"accel.ps.optimizers:{name}" for name in (

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp import FullStateDictConfig as FSDP1FullStateDictConfig
 
 from accel.config.fsdp import FullyShardedDataParallelPlugin as Plugin
-from accel.config.fsdp import ParallelismConfig, parallelism_from_launch, plugin_from_launch
+from accel.config.fsdp import parallelism_from_launch, plugin_from_launch
 
 
 def quiet(**kwargs: Any) -> Plugin:
@@ -234,25 +234,6 @@ def test_switches_and_ignored_modules() -> None:
             Plugin(**{name: "sometimes"})
 
 
-def test_parallelism_config() -> None:
-    assert ParallelismConfig().mesh_shape(4) == (1, 4)
-    assert ParallelismConfig().mesh_shape(8, local_world_size=4) == (2, 4)  # HSDP across nodes
-    assert ParallelismConfig(dp_replicate_size=2).mesh_shape(8) == (2, 4)
-    assert ParallelismConfig(dp_shard_size=2).mesh_shape(8) == (4, 2)
-    assert ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=1).total_size == 4
-    with pytest.raises(ValueError, match=r"does not fit 6 processes: their product must equal"):
-        ParallelismConfig(dp_replicate_size=4).mesh_shape(6)
-    with pytest.raises(ValueError, match="does not fit"):
-        ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).mesh_shape(8)
-    for name in ("tp_size", "cp_size", "sp_size"):
-        with pytest.raises(ValueError, match=rf"\({name}=2\): accel has no tensor, context or "
-                           "sequence parallelism; use dp_shard_size"):
-            ParallelismConfig(**{name: 2})
-    for bad in (0, "2", True):
-        with pytest.raises(ValueError, match="must be a positive int"):
-            ParallelismConfig(dp_shard_size=bad)  # type: ignore[arg-type]
-
-
 def test_launch_settings_build_the_plugin_and_blame_the_bad_one() -> None:
     p = plugin_from_launch({"fsdp_version": "2", "fsdp_offload_params": "true",
                             "fsdp_transformer_layer_cls_to_wrap": "Block",
@@ -276,9 +257,10 @@ def test_launch_settings_build_the_plugin_and_blame_the_bad_one() -> None:
     with pytest.raises(ValueError, match=r"parallelism_config_dp_shard_size 'two': expected a "
                        "positive integer"):
         parallelism_from_launch({"parallelism_config_dp_shard_size": "two"})
-    with pytest.raises(ValueError, match=r"parallelism_config_cp_size 2: ParallelismConfig"
-                       r"\(cp_size=2\): accel has no"):
-        parallelism_from_launch({"parallelism_config_cp_size": 2})
+    assert parallelism_from_launch({"parallelism_config_cp_size": 2}).cp_size == 2
+    with pytest.raises(ValueError, match=r"parallelism_config_cp_size 0: ParallelismConfig"
+                       r"\(cp_size=0\) must be a positive int"):
+        parallelism_from_launch({"parallelism_config_cp_size": 0})
     with pytest.raises(ValueError, match="unknown parallelism setting"):
         parallelism_from_launch({"parallelism_config_cp_backend": "torch"})
 

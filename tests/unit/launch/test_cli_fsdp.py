@@ -233,7 +233,7 @@ def test_launch_time_refusals_and_warnings() -> None:
         settings(["--cpu", "-n", "4", "--use_fsdp", "--parallelism_config_dp_replicate_size",
                   "3", "t.py"])
     with pytest.raises(CLIError, match="--parallelism_config_tp_size 2: ParallelismConfig"
-                       r"\(tp_size=2\): accel has no tensor, context or sequence parallelism"):
+                       r"\(tp_size=2\): accel does not apply tensor, context or sequence"):
         settings([*base, "--use_fsdp", "--parallelism_config_tp_size", "2", "t.py"])
     with pytest.raises(CLIError, match="NO_SHARD replicates the whole model"):
         settings([*base, "--use_fsdp", "--fsdp_sharding_strategy", "3", "t.py"])
