@@ -5,7 +5,11 @@ Checkpoints read: a safetensors file, a sharded folder with its ``model.safetens
 (what ``save_model`` writes), a folder holding either, and an accel checkpoint directory
 (``save_state``: ``model_0.safetensors``). Files are read one tensor at a time (never mapped or read
 whole), converted to the requested dtype, and put straight where the device map says: on a
-device, or into the offload folder for ``"disk"`` modules. Nothing is unpickled.
+device, or into the offload folder for ``"disk"`` modules.
+
+``torch.save`` files (``pytorch_model.bin``, ``.pt``, with or without
+``pytorch_model.bin.index.json``), as transformers and Accelerate read them, are unpickled with
+``weights_only=True``: tensors and plain containers only, no code runs; anything else is refused.
 
 Example:
     >>> import tempfile, torch
@@ -23,6 +27,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import pickle
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,14 +48,23 @@ from .placement import get_balanced_memory, infer_auto_device_map, unplaced_tens
 __all__ = ["checkpoint_files", "load_checkpoint_and_dispatch", "load_checkpoint_in_model"]
 
 _INDEX = "model.safetensors.index.json"
+_PICKLED_INDEX = "pytorch_model.bin.index.json"
+#: suffixes of ``torch.save`` files (read with ``weights_only=True``)
+_PICKLED = (".bin", ".pt", ".pth", ".ckpt")
 _AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def _index_files(index: Path) -> list[Path]:
+    """The files an index names: ``{"weight_map": {name: file}}``, or the bare map (as
+    Accelerate also reads)."""
     try:
-        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        found = json.loads(index.read_text(encoding="utf-8"))
+        weight_map = found.get("weight_map", found)
+        files = sorted(set(weight_map.values()))
+        if not all(isinstance(name, str) for name in files):
+            raise TypeError("file names must be strings")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{index} is not a valid safetensors index ({exc}); expected "
+        raise CheckpointError(f"{index} is not a valid checkpoint index ({exc}); expected "
                               "{\"weight_map\": {name: file}}", path=index) from None
     for name in files:
         if Path(name).name != name:
@@ -72,27 +86,31 @@ def _accel_checkpoint(directory: Path) -> list[Path]:
 
 
 def checkpoint_files(checkpoint: str | Path) -> list[Path]:
-    """The safetensors files behind ``checkpoint`` (file, index, model folder or accel
-    checkpoint directory).
+    """The files behind ``checkpoint`` (file, index, model folder or accel checkpoint
+    directory): safetensors, or ``torch.save`` files (read as tensors only, see :func:`_read`).
 
     Raises:
-        CheckpointError: nothing loadable there (pickle files are named as such).
+        CheckpointError: nothing loadable there.
     """
     path = Path(checkpoint)
     if path.is_file():
         if path.name.endswith(".index.json"):
             return _index_files(path)
-        if path.suffix in (".bin", ".pt", ".pth", ".ckpt"):
-            raise CheckpointError(f"{path} looks like a torch.save (pickle) file, which accel "
-                                  "never loads; convert it once with torch.load(..., "
-                                  "weights_only=True) and accel.checkpoint.save_model", path=path)
         return [path]
     if (path / "manifest.json").is_file():
         return _accel_checkpoint(path)
-    if (path / _INDEX).is_file():
-        return _index_files(path / _INDEX)
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
+    for index in (_INDEX, _PICKLED_INDEX):
+        if (path / index).is_file():
+            return _index_files(path / index)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return [path / name]
+    indexes = sorted(path.glob("*.index.json")) if path.is_dir() else []
+    if len(indexes) == 1:
+        return _index_files(indexes[0])
+    if indexes:
+        raise CheckpointError(f"{path} holds several indexes ({[p.name for p in indexes]}); "
+                              "pass the one to load", path=path)
     found = sorted(p.name for p in path.iterdir())[:20] if path.is_dir() else "nothing"
     raise CheckpointError(f"no safetensors checkpoint at {path} (found {found}); pass a "
                           f".safetensors file, a folder with {_INDEX} or an accel checkpoint "
@@ -123,10 +141,36 @@ def _read_tensor(handle: io.RawIOBase, *, start: int, entry: Mapping[str, Any], 
     return out
 
 
+def _read_pickled(path: Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """(name, tensor) of a ``torch.save`` state dict, unpickled with ``weights_only=True``
+    (tensors and plain containers only: no code runs) and memory-mapped where the file allows."""
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:  # the legacy (pre-zip) format cannot be mapped
+            if "mmap" not in str(exc):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a tensors-only torch.save file ({exc}); accel "
+                              "reads such files with weights_only=True, so objects other than "
+                              "tensors and plain containers are refused; save the state dict "
+                              "with accel.checkpoint.save_model", path=path) from None
+    if not isinstance(state, Mapping) or \
+            not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict of "
+                              "tensors; save model.state_dict() alone", path=path)
+    for name, tensor in state.items():
+        yield name, functools.partial(lambda t: t, tensor)
+
+
 def _read(files: Sequence[Path]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     """(name, read it) for every tensor of ``files``: nothing is read until asked for, and each
-    tensor is read on its own (files are never mapped or read whole)."""
+    tensor of a safetensors file is read on its own (files are never mapped or read whole)."""
     for path in files:
+        if path.suffix in _PICKLED:
+            yield from _read_pickled(path)
+            continue
         with open(path, "rb", buffering=0) as handle:
             start = header_size(handle.read(8), str(path))
             handle.seek(0)

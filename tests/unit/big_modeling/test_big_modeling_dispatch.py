@@ -392,10 +392,63 @@ def test_load_names_missing_and_unexpected_keys(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'embed.weight' has shape \(3, 3\)"):
         load_checkpoint_in_model(_model(), tmp_path / "bad.safetensors")
     (tmp_path / "w.bin").write_bytes(b"\x80\x02")
-    with pytest.raises(CheckpointError, match="pickle"):
+    with pytest.raises(CheckpointError, match="w.bin is not a tensors-only torch.save file"):
         load_checkpoint_in_model(_model(), tmp_path / "w.bin")
     with pytest.raises(CheckpointError, match="no safetensors checkpoint"):
         load_checkpoint_in_model(_model(), tmp_path / "nothing")
+
+
+class _Payload:
+    """Unpickling this would run code (it creates a file): weights_only must refuse it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_torch_save_files_load_as_tensors_only(tmp_path: Path) -> None:
+    """pytorch_model.bin / .pt files (whole, sharded with an index, bare index map, or a folder
+    with one index) load as transformers and Accelerate load them; anything that is not a
+    state dict of tensors is refused, and no code in the file runs."""
+    source = _model(seed=3)
+    torch.save(source.state_dict(), tmp_path / "whole.pt")
+    model = _model()
+    load_checkpoint_in_model(model, tmp_path / "whole.pt", dtype=torch.float16)
+    assert torch.equal(model.embed.weight, source.embed.weight.half())
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    weight_map = {}
+    for name, tensor in source.state_dict().items():
+        part = f"part_{name.split('.')[0]}.bin"
+        weight_map[name] = part
+        existing = torch.load(shards / part) if (shards / part).exists() else {}
+        torch.save({**existing, name: tensor}, shards / part)
+    (shards / "weights.index.json").write_text(json.dumps(weight_map))  # bare map
+    for where in (shards / "weights.index.json", shards):
+        model = _model()
+        load_checkpoint_in_model(model, where, strict=True)
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                     source.state_dict().values()))
+    (shards / "more.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(CheckpointError, match="pass the one to load"):
+        load_checkpoint_in_model(_model(), shards)  # which of two indexes: not guessed
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    torch.save(source.state_dict(), folder / "pytorch_model.bin")
+    model = _model()
+    load_checkpoint_in_model(model, folder)
+    assert torch.equal(model.embed.weight, source.embed.weight)
+    marker = tmp_path / "code_ran"
+    torch.save({"embed.weight": _Payload(marker)}, tmp_path / "evil.bin")
+    with pytest.raises(CheckpointError, match="objects other than tensors and plain containers "
+                       "are refused"):
+        load_checkpoint_in_model(_model(), tmp_path / "evil.bin")
+    assert not marker.exists()
+    torch.save([source.embed.weight], tmp_path / "list.pt")
+    with pytest.raises(CheckpointError, match="holds a list, not a state dict of tensors"):
+        load_checkpoint_in_model(_model(), tmp_path / "list.pt")
 
 
 def test_disk_parts_go_straight_to_the_offload_folder(tmp_path: Path) -> None:
