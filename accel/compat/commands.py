@@ -3,11 +3,13 @@
 Scripts and tools build ``accelerate launch`` in-process (TRL's CLI does:
 ``launch_command(launch_command_parser().parse_args(argv))``); the same lines run
 ``accel launch`` here. ``accelerate test`` and ``accelerate env`` are ``accel test`` and
-``accel env``. Accelerate's other commands (``config`` questionnaires and classes, ``estimate``
-from the Hub, ``tpu-config``, ``to-fsdp2``, ``merge-weights``) are refused by name with what to
-use instead (:mod:`accel.compat.refusals`): they import, and raise when used. Their parsers are
-built (a tool may build them at import time) and take any arguments; running the command
-raises.
+``accel env``. ``to-fsdp2``, ``tpu-config`` and ``estimate-memory`` are in
+:mod:`accel.compat.commands_tools`, the config file classes in
+:mod:`accel.compat.commands_config`, the launch helpers in :mod:`accel.compat.commands_launch`.
+Accelerate's other commands (the ``config`` questionnaire, ``merge-weights``) are refused by
+name with what to use instead (:mod:`accel.compat.refusals`): they import, and raise when used.
+Their parsers are built (a tool may build them at import time) and take any arguments; running
+the command raises.
 
 Example:
     >>> from accel.commands.launch import launch_command_parser
@@ -19,15 +21,15 @@ Example:
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 from typing import Any
 
 from .refusals import REFUSED_COMMANDS
 
-__all__ = ["config_command_parser", "env_command", "env_command_parser",
-           "estimate_command_parser", "launch_command", "launch_command_parser",
-           "merge_command_parser", "refused_command_parser", "test_command",
-           "test_command_parser", "to_fsdp2_command_parser", "tpu_command_parser"]
+__all__ = ["config_command_parser", "env_command", "env_command_parser", "launch_command",
+           "launch_command_parser", "merge_command_parser", "refused_command_parser",
+           "test_command", "test_command_parser"]
 
 
 
@@ -41,7 +43,8 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def launch_command(args: argparse.Namespace) -> None:
-    """Run ``accel launch`` with ``args`` from :func:`launch_command_parser`.
+    """Run ``accel launch`` with ``args`` from :func:`launch_command_parser` (or spelled as
+    Accelerate's parser spells them: ``cpu``, ``training_script``, ...).
 
     Raises:
         subprocess.CalledProcessError: the job failed (its exit status; the launcher printed the
@@ -50,8 +53,9 @@ def launch_command(args: argparse.Namespace) -> None:
             says which).
     """
     from ..launch.cli import run_launch
+    from .commands_launch import accel_namespace
 
-    status = run_launch(args)
+    status = run_launch(accel_namespace(args))
     if status != 0:
         raise subprocess.CalledProcessError(status, ["accel", "launch", str(args.script)])
 
@@ -102,7 +106,9 @@ def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def env_command(args: argparse.Namespace) -> dict[str, str]:
-    """Print ``accel env``'s report and return it as ``{item: value}``."""
+    """Print ``accel env``'s report and return it as ``{item: value}``: accel's items, and
+    those of Accelerate's report that carry over (``Platform``, ``Python version``,
+    ``PyTorch version``, where the ``accel`` and ``accelerate`` commands are on PATH)."""
     from ..launch.info import env_report
 
     report = env_report()
@@ -112,6 +118,14 @@ def env_command(args: argparse.Namespace) -> dict[str, str]:
         key, sep, value = line.removeprefix("- ").partition(": ")
         if sep and not line.startswith("  "):
             found[key] = value
+    found.update({
+        "Platform": found.get("platform", ""),
+        "Python version": found.get("Python", "").split(" ")[0],
+        "PyTorch version": found.get("torch", "").split(" ")[0],
+        # Accelerate's command, if installed too (it is a different library)
+        "`accelerate` bash location": shutil.which("accelerate") or "Not found",
+        "`accel` bash location": shutil.which("accel") or "Not found",
+    })
     return found
 
 
@@ -125,8 +139,5 @@ def _refused(command: str) -> Any:
     return parser
 
 
-estimate_command_parser = _refused("estimate")
-tpu_command_parser = _refused("tpu")
-to_fsdp2_command_parser = _refused("to_fsdp2")
 merge_command_parser = _refused("merge")
 config_command_parser = _refused("config")

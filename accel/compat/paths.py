@@ -41,9 +41,10 @@ PATHS: dict[str, tuple[str, ...]] = {
     "accel.utils.versions": ("accel.compat.versions",),
     "accel.utils.constants": ("accel.compat.constants",),
     "accel.utils.memory": ("accel.run.memory",),
+    "accel.utils.bnb": (),  # its names are refused (bitsandbytes quantization)
     "accel.utils.modeling": (),  # names only (EXTRA): accel.big_modeling's, as in Accelerate
     "accel.parallelism_config": (),
-    "accel.utils.launch": (),  # its names are refused (internal to `accelerate launch`)
+    "accel.utils.launch": ("accel.compat.commands_launch",),  # the rest: refused (internal)
     **dict.fromkeys(("accel.commands", "accel.commands.launch", "accel.commands.test",
                      "accel.commands.env", "accel.commands.estimate", "accel.commands.tpu",
                      "accel.commands.to_fsdp2", "accel.commands.merge", "accel.commands.config",
@@ -82,9 +83,23 @@ EXTRA: dict[str, dict[str, str]] = {
     "accel.parallelism_config": {"ParallelismConfig": "accel.config.parallelism"},
     **{f"accel.commands.{command}": dict.fromkeys(
         (f"{command}_command", f"{command}_command_parser"), "accel.compat.commands")
-       for command in ("launch", "test", "env")},
-    **{f"accel.commands.{command}": {f"{command}_command_parser": "accel.compat.commands"}
-       for command in ("estimate", "tpu", "to_fsdp2", "merge", "config")},
+       for command in ("test", "env")},
+    "accel.commands.merge": {"merge_command_parser": "accel.compat.commands"},
+    "accel.commands.config": {"config_command_parser": "accel.compat.commands",
+                              "load_config_from_file": "accel.compat.commands_config"},
+    "accel.commands.launch": {**dict.fromkeys(("launch_command", "launch_command_parser"),
+                                              "accel.compat.commands"),
+                              "_validate_launch_command": "accel.compat.commands_launch"},
+    "accel.commands.estimate": dict.fromkeys(("add_timm_hub_prefix", "estimate_command",
+                                              "estimate_command_parser"),
+                                             "accel.compat.commands_tools"),
+    "accel.commands.tpu": dict.fromkeys(("tpu_command_launcher", "tpu_command_parser"),
+                                        "accel.compat.commands_tools"),
+    "accel.commands.to_fsdp2": dict.fromkeys(("convert_config_to_fsdp2", "to_fsdp2_command",
+                                              "to_fsdp2_command_parser"),
+                                             "accel.compat.commands_tools"),
+    "accel.commands.config.config_args": dict.fromkeys(
+        ("BaseConfig", "ClusterConfig", "load_config_from_file"), "accel.compat.commands_config"),
     "accel.hooks": {"named_module_tensors": "accel.big_modeling.tensors",
                     "set_module_tensor_to_device": "accel.big_modeling.tensors",
                     **dict.fromkeys(("LayerwiseCastingHook", "attach_align_device_hook",
@@ -105,6 +120,8 @@ EXTRA: dict[str, dict[str, str]] = {
         "find_executable_batch_size": "accel.run.memory",
         "release_memory": "accel.run.memory",
         "tqdm": "accel.run.progress",
+        **dict.fromkeys(("prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"),
+                        "accel.compat.commands_launch"),
     },
 }
 

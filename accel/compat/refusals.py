@@ -46,9 +46,6 @@ LEGACY_ARGUMENTS = {
 REFUSED_COMMANDS = {
     "estimate": "`accel estimate-memory package.module:build_model` builds the model locally on "
                 "the meta device (nothing is downloaded from the Hugging Face Hub at run time)",
-    "tpu": "TPU pod set-up commands are not supported; run `accel launch --tpu` on each host",
-    "to_fsdp2": "accel's FSDP is FSDP2: `accel launch` reads Accelerate's FSDP settings as they "
-                "are",
     "merge": "use `accel merge-weights CHECKPOINT OUTPUT`",
     "config": "`accel launch --config_file` reads Accelerate's YAML config; write one with "
               "`accel config` (or `accel.utils.write_basic_config()`)",
@@ -126,8 +123,7 @@ REFUSED: dict[str, dict[str, str]] = {
                    "TORCH_LAUNCH_PARAMS", "are_libraries_initialized", "check_cuda_p2p_ib_support",
                    "get_cpu_distributed_information", "get_gpu_info", "get_int_from_env",
                    "install_xla", "is_habana_gaudi1", "is_port_in_use", "parse_choice_from_env",
-                   "parse_flag_from_env", "prepare_multi_gpu_env", "prepare_sagemager_args_inputs",
-                   "prepare_simple_launcher_cmd_env", "prepare_tpu",
+                   "parse_flag_from_env", "prepare_sagemager_args_inputs", "prepare_tpu",
                    "set_numa_affinity", "str_to_bool",
                    "get_free_port")),
         (_DS, ("DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig", "GatheredParameters",
@@ -165,6 +161,10 @@ REFUSED: dict[str, dict[str, str]] = {
         ("read the prepared loader's `batch_sampler` (a `BatchSamplerShard`) or `sampler`",
          ("get_sampler",)),
     ),
+    "accel.utils.bnb": _by_name(
+        (_FP8, ("load_and_quantize_model", "quantize_and_offload_8bit", "get_keys_to_not_convert",
+                "has_4bit_bnb_layers", "replace_with_bnb_layers")),
+    ),
     "accel.utils.modeling": _by_name(
         ("a step of Accelerate's own placement algorithm; accel.big_modeling places with its "
          "own (`infer_auto_device_map`, `get_balanced_memory`, `compute_module_sizes`)",
@@ -174,17 +174,13 @@ REFUSED: dict[str, dict[str, str]] = {
          "`get_state_dict_offloaded_model` or `load_offloaded_weights`/`OffloadedWeightsLoader`",
          ("get_state_dict_from_offload",)),
     ),
-    "accel.commands.launch": _by_name((_LAUNCH, ("_validate_launch_command",))),
-    "accel.commands.estimate": _by_name((REFUSED_COMMANDS["estimate"], (
-        "add_timm_hub_prefix", "estimate_command", "gather_data"))),
-    "accel.commands.tpu": _by_name((REFUSED_COMMANDS["tpu"], ("tpu_command_launcher",))),
-    "accel.commands.to_fsdp2": _by_name((REFUSED_COMMANDS["to_fsdp2"], (
-        "convert_config_to_fsdp2", "to_fsdp2_command"))),
+    "accel.commands.estimate": _by_name((REFUSED_COMMANDS["estimate"], ("gather_data",))),
     "accel.commands.merge": _by_name((REFUSED_COMMANDS["merge"], ("merge_command",))),
     **dict.fromkeys(("accel.commands.config", "accel.commands.config.config_args"), _by_name(
-        (REFUSED_COMMANDS["config"], ("BaseConfig", "ClusterConfig", "SageMakerConfig",
-                                      "config_command", "default_command_parser",
-                                      "default_config_file", "load_config_from_file")))),
+        (REFUSED_COMMANDS["config"], ("config_command", "default_command_parser",
+                                      "default_config_file")),
+        ("accel does not submit Amazon SageMaker jobs; run `accel launch` inside the job with "
+         "a LOCAL_MACHINE config (`ClusterConfig`)", ("SageMakerConfig",)))),
     "accel.checkpointing": _by_name(
         ("register the object with `accelerator.register_for_checkpointing(obj)`: "
          "`save_state()`/`load_state()` then save and restore it (as JSON, without pickle)",

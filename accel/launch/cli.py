@@ -13,13 +13,14 @@ Example:
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 import shutil
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._base.parse import parse_float, parse_int
 from ..env.ps_layout import PS_LAYOUT_VARIABLE
@@ -30,7 +31,11 @@ from .errors import CLIError
 from .ps_launch import ps_flags
 from .refused import add_refused_flags, refusals
 
-__all__ = ["build_parser", "launch_parser", "main", "run_launch"]
+if TYPE_CHECKING:
+    from .settings import LaunchSettings
+
+__all__ = ["build_parser", "free_port", "launch_parser", "main", "resolve_launch",
+           "run_launch"]
 
 _EPILOG_LAUNCH = """\
 precedence: flag > environment (ACCEL_*) > config file > default; the settings table printed
@@ -43,6 +48,24 @@ machines (Accelerate's meaning). Config file: --config_file, else $ACCEL_CONFIG_
       --main_process_port 29500 train.py
   accel launch -np 8 -H node1:4,node2:4 train.py    (horovodrun's flags; on each host)
 """
+
+
+_DESCRIPTION = ("Start a script in N processes with torchrun's agent. Every flag may be spelled "
+                "with hyphens or underscores (--num-processes 2 is --num_processes 2).")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each flag once: ``--num_processes``, not also its hyphen twin ``--num-processes``
+    (both are accepted; the description says so)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        strings = action.option_strings
+        twins = {s for s in strings if s.startswith("--") and "-" in s[2:]
+                 and "--" + s[2:].replace("-", "_") in strings}
+        if twins:
+            action = copy.copy(action)
+            action.option_strings = [s for s in strings if s not in twins]
+        return super()._format_action_invocation(action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,9 +112,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
           help="rendezvous port on machine rank 0 (multi-node; single node: a free port)")
     p.add_argument("--cpu", dest="device", action="store_const", const="cpu", default=None,
                    help="run on the CPU with gloo even if GPUs are visible")
-    _switch(p, "multi_gpu", "one process per GPU (Accelerate's flag; the default when 2+ GPUs "
-            "are visible): an error with fewer than 2 processes")
-    _switch(p, "tpu", "run on XLA devices (as distributed_type: XLA)")
+    _flag(p, "multi_gpu", action="store_true", help="one process per GPU (Accelerate's flag; "
+          "the default when 2+ GPUs are visible): an error with fewer than 2 processes")
+    _flag(p, "tpu", action="store_true", help="run on XLA devices (as distributed_type: XLA)")
     _flag(p, "gpu_ids", metavar="IDS", help="GPU indices to use, e.g. 0,1 (default: all)")
     _flag(p, "mixed_precision", choices=["no", "fp16", "bf16"], help="no | fp16 | bf16")
     _flag(p, "gradient_accumulation_steps", type=_positive, metavar="N")
@@ -185,7 +208,7 @@ def launch_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """The ``accel launch`` parser: a sub-command of ``subparsers`` (an argparse
     ``add_subparsers()`` result), or a parser of its own."""
     options: dict[str, Any] = {"epilog": _EPILOG_LAUNCH, "allow_abbrev": False,
-                               "formatter_class": argparse.RawDescriptionHelpFormatter}
+                               "description": _DESCRIPTION, "formatter_class": _HelpFormatter}
     launch = subparsers.add_parser("launch", help="start a script in N processes (torchrun's "
                                    "agent)", **options) if subparsers is not None else \
         _Parser(prog="accel launch", **options)
@@ -311,7 +334,8 @@ def _locate_config(flag: str | None) -> tuple[ConfigFile | None, str]:
 _is_local_address = core.is_local_address
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now (bound and released)."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -321,10 +345,7 @@ def _free_port() -> int:
 
 def _check_target(args: argparse.Namespace) -> None:
     """Refused Accelerate flags, and a target that cannot run, as one-line errors."""
-    refused = refusals(getattr(args, "refused_flags", None))
-    if refused:
-        raise CLIError("; ".join(refused) if len(refused) == 1 else
-                       "these Accelerate flags are not supported:\n  " + "\n  ".join(refused))
+    _refuse_flags(args)
     if args.script is None:
         raise CLIError("no script given; usage: accel launch [flags] script.py [args] (or "
                        "-m package.module [args])")
@@ -337,20 +358,56 @@ def _check_target(args: argparse.Namespace) -> None:
                        "Python file, or -m package.module for a module")
 
 
-def _launch(args: argparse.Namespace) -> int:
-    from ..env import cpu_count
-    from .settings import resolve_settings, settings_table
-    from .torchrun import build_torchrun_argv, run_torchrun, worker_env
+def _refuse_flags(args: argparse.Namespace) -> None:
+    refused = refusals(getattr(args, "refused_flags", None))
+    if refused:
+        raise CLIError("; ".join(refused) if len(refused) == 1 else
+                       "these Accelerate flags are not supported:\n  " + "\n  ".join(refused))
 
-    _check_target(args)
+
+def _resolve(args: argparse.Namespace) -> tuple[LaunchSettings, ConfigFile | None, str,
+                                                str | None]:
+    """(settings, config file, how it was found, parameter-server layout) of ``args``."""
+    from ..env import cpu_count
+    from .settings import resolve_settings
+
     config, config_note = _locate_config(args.config_file)
     flags, ps_layout, ps_sources = ps_flags({key: value for key, value in vars(args).items()
                                  if key not in ("command", "refused_flags")}, _is_local_address)
     settings = resolve_settings(flags, environ=None, config=config, gpu_count=core.gpu_count,
                                 cpu_count=cpu_count(), run_id=uuid.uuid4().hex,
-                                is_local_address=_is_local_address, free_port=_free_port)
+                                is_local_address=_is_local_address, free_port=free_port)
     if ps_sources:
         settings = dataclasses.replace(settings, sources={**settings.sources, **ps_sources})
+    return settings, config, config_note, ps_layout
+
+
+def resolve_launch(args: argparse.Namespace,
+                   ) -> tuple[LaunchSettings, ConfigFile | None, dict[str, str]]:
+    """The settings ``accel launch`` runs ``args`` (from :func:`launch_parser`) with (flag >
+    environment > config file > default), the config file used, and the variables the
+    workers get (``worker_env``, and the parameter-server layout). Starts nothing and does not
+    check that the script exists.
+
+    Raises:
+        CLIError: a refused flag, a bad value, or settings that contradict each other.
+    """
+    from .torchrun import worker_env
+
+    _refuse_flags(args)
+    settings, config, _, ps_layout = _resolve(args)
+    env = worker_env(settings)
+    if ps_layout is not None:
+        env[PS_LAYOUT_VARIABLE] = ps_layout
+    return settings, config, env
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from .settings import settings_table
+    from .torchrun import build_torchrun_argv, run_torchrun, worker_env
+
+    _check_target(args)
+    settings, config, config_note, ps_layout = _resolve(args)
     if config is not None and config.ignored:
         print(f"accel launch: warning: config file {config.path}: ignoring keys accel does not "
               f"use: {', '.join(config.ignored)}", file=sys.stderr)

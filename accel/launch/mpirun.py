@@ -32,7 +32,7 @@ from .settings import LaunchSettings
 from .torchrun import worker_command
 
 __all__ = ["HYDRA", "OPENMPI", "build_mpirun_argv", "first_host", "ignored_settings",
-           "mpi_flavour", "run_mpirun"]
+           "mpi_flavour", "mpirun_argv", "run_mpirun"]
 
 OPENMPI = "openmpi"
 #: MPICH, Intel MPI and MVAPICH2 share the Hydra process manager's options.
@@ -98,18 +98,27 @@ def build_mpirun_argv(settings: LaunchSettings, *, env: Mapping[str, str], app: 
     return argv + worker_command(s)
 
 
-def run_mpirun(settings: LaunchSettings, env: Mapping[str, str]) -> int:
-    """Run the job under mpirun; returns mpirun's exit code."""
+def mpirun_argv(settings: LaunchSettings, env: Mapping[str, str]) -> list[str]:
+    """The ``mpirun`` command line of these settings, with the installed MPI's flags.
+
+    Raises:
+        CLIError: no mpirun/mpiexec on PATH, or fewer hosts in the file than machines.
+    """
     hostfile = str(settings.mpirun_hostfile)
     host, count = first_host(hostfile)
     if settings.num_machines > count:
         raise CLIError(f"--num_machines {settings.num_machines} but --mpirun_hostfile {hostfile} "
                        f"lists {count} host(s); list every machine or lower --num_machines")
     app, flavour = mpi_flavour()
+    addr = settings.main_process_ip if settings.explicit("main_process_ip") else host
+    return build_mpirun_argv(settings, env=env, app=app, flavour=flavour, hostfile=hostfile,
+                             master_addr=addr)
+
+
+def run_mpirun(settings: LaunchSettings, env: Mapping[str, str]) -> int:
+    """Run the job under mpirun; returns mpirun's exit code."""
+    argv = mpirun_argv(settings, env)
     for warning in ignored_settings(settings):
         print(f"accel launch: warning: {warning}", file=sys.stderr)
-    addr = settings.main_process_ip if settings.explicit("main_process_ip") else host
-    argv = build_mpirun_argv(settings, env=env, app=app, flavour=flavour, hostfile=hostfile,
-                             master_addr=addr)
     apply(env)  # local ranks inherit them too
     return subprocess.call(argv)

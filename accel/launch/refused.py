@@ -76,22 +76,28 @@ def reason_for(name: str) -> str:
 
 
 class _Refuse(argparse.Action):
+    """Records the flag in ``refused_flags`` (the launch refuses it) and, as Accelerate's parser
+    does, its value under its own name (True for a switch), so code that reads
+    ``args.use_deepspeed`` sees what was asked for."""
+
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         seen = list(getattr(namespace, _DEST, None) or [])
         seen.append(option_string or self.dest)
         setattr(namespace, _DEST, seen)
+        setattr(namespace, self.dest, values[0] if self.nargs == 1 else True)
 
 
 def add_refused_flags(parser: argparse.ArgumentParser) -> None:
-    """Register every refused flag (both spellings), hidden from ``--help``."""
+    """Register every refused flag (both spellings), hidden from ``--help``; each reads as
+    Accelerate's default when absent (False for a switch, None for a value)."""
     parser.set_defaults(**{_DEST: None})
     for _, flags in REFUSED:
         for name, takes_value in flags.items():
             spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-            parser.add_argument(*spellings, dest=f"_refused_{name}", action=_Refuse,
-                                nargs=1 if takes_value else 0, default=argparse.SUPPRESS,
-                                help=argparse.SUPPRESS)
+            parser.add_argument(*spellings, dest=name, action=_Refuse,
+                                nargs=1 if takes_value else 0,
+                                default=None if takes_value else False, help=argparse.SUPPRESS)
 
 
 def refusals(given: list[str] | None) -> list[str]:

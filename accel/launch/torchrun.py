@@ -33,8 +33,8 @@ from .procs import become_subreaper, reap_children
 from .report import format_failure_report, root_failure
 from .settings import LaunchSettings
 
-__all__ = ["BOOTSTRAP_MODULE", "build_torchrun_argv", "rendezvous_of", "run_torchrun",
-           "worker_command", "worker_env", "worker_spec"]
+__all__ = ["BOOTSTRAP_MODULE", "INTEL_OPENMP", "build_torchrun_argv", "rendezvous_of",
+           "run_torchrun", "worker_command", "worker_env", "worker_spec"]
 
 BOOTSTRAP_MODULE = "accel.launch.bootstrap"
 
@@ -101,9 +101,23 @@ def worker_spec(settings: LaunchSettings) -> WorkerSpec:
         use_fsdp=s.use_fsdp, fsdp=s.fsdp, rank_log_dir=s.log_dir)
 
 
+#: Intel OpenMP's thread placement for a CPU worker (GNU OpenMP ignores them), as
+#: ``accelerate launch --cpu`` sets them.
+INTEL_OPENMP = {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"}
+
+
 def worker_env(settings: LaunchSettings) -> dict[str, str]:
-    """``ACCEL_*`` (and thread/GPU) variables the workers inherit."""
-    return worker_spec(settings).environment()
+    """``ACCEL_*`` (and thread/GPU) variables the workers inherit.
+
+    With the CPU chosen explicitly (``--cpu``, ``ACCEL_DEVICE=cpu``, a config file's
+    ``use_cpu``/``MULTI_CPU``) and one process per machine, also :data:`INTEL_OPENMP` (pin the
+    threads compactly, spin 1 ms): several processes on one machine would pin their threads
+    to the same cores, so they get none.
+    """
+    env = worker_spec(settings).environment()
+    if settings.device == "cpu" and settings.explicit("device") and settings.nproc_per_node == 1:
+        env.update(INTEL_OPENMP)
+    return env
 
 
 def _quiet_torch_logs(debug: bool, *, roles: Mapping[int, str] | None) -> None:

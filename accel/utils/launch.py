@@ -1,12 +1,13 @@
-"""Accelerate's ``accelerate.utils.launch`` module path
-(internal to ``accelerate launch``: refused).
+"""Accelerate's ``accelerate.utils.launch`` module path: prepare_simple_launcher_cmd_env,
+prepare_multi_gpu_env (answered by ``accel launch``'s own resolution; its other names are
+internal to ``accelerate launch``: refused).
 
 A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def __getattr__(name: str) -> Any:
@@ -17,3 +18,12 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     from ..compat.paths import names
     return names(__name__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compat.commands_launch import (
+        prepare_multi_gpu_env as prepare_multi_gpu_env,
+    )
+    from ..compat.commands_launch import (
+        prepare_simple_launcher_cmd_env as prepare_simple_launcher_cmd_env,
+    )

@@ -13,6 +13,7 @@ this test too, so the list only shrinks and stays true.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 
@@ -57,3 +58,26 @@ def test_readme_states_the_suite_figures() -> None:
               f"{len(baseline) - len(known)} pass under accel"
     assert " ".join(figures.split()) in " ".join(readme.split()), (
         f"README's figures for Accelerate's suite are stale: write {figures!r}")
+
+
+def _what_differs_rows(readme: str) -> set[str]:
+    """First cells of the rows of the "What differs" table under "From Hugging Face Accelerate"."""
+    section = readme.split("### From Hugging Face Accelerate", 1)[1].split("\n### ", 1)[0]
+    table = section.split("What differs:", 1)[1].strip().split("\n\n", 1)[0]
+    return {line.split("|")[1].strip() for line in table.splitlines()[2:]}
+
+
+def test_every_known_failure_is_a_documented_departure() -> None:
+    from tests.compat.departures import DEPARTURES, reasons
+
+    known: dict[str, str] = json.loads(KNOWN.read_text())
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = _what_differs_rows(readme)
+    unexplained = {name: reasons(name) for name in known if len(reasons(name)) != 1}
+    assert not unexplained, ("each known failure needs exactly one reason in "
+                             f"tests/compat/departures.py: {unexplained}")
+    missing = sorted(set(DEPARTURES.values()) - rows)
+    assert not missing, f"README's 'What differs' table has no row for {missing}"
+    unused = [pattern for pattern in DEPARTURES
+              if not any(reasons(name) and fnmatch.fnmatchcase(name, pattern) for name in known)]
+    assert not unused, f"these departures explain no known failure any more: {unused}"

@@ -98,6 +98,13 @@ SIDE_USERS: dict[str, tuple[str, ...]] = {
     # answered by accel's (the same parser and launcher as `accel launch`, no second copy)
     "accel/compat/commands.py": ("accel.launch.cli", "accel.launch.selftest",
                                  "accel.launch.info"),
+    # accelerate.commands.config.config_args / to_fsdp2 / tpu / estimate and
+    # accelerate.utils.launch: read and write config files with accel's reader and writer, and
+    # answer launch questions with accel launch's own resolution, worker command and environment
+    "accel/compat/commands_config.py": ("accel.launch.config_file",),
+    "accel/compat/commands_tools.py": ("accel.launch.config_file", "accel.launch.cli"),
+    "accel/compat/commands_launch.py": ("accel.launch.cli", "accel.launch.torchrun",
+                                        "accel.launch.mpirun", "accel.launch.errors"),
 }
 #: Layers accel/launch may import from (at any level; module level adds "never torch").
 LAUNCH_MAY_USE = {"L0", "L1", "side"}

@@ -32,6 +32,10 @@ PUBLIC: dict[str, str] = {
         "GradScalerKwargs", "GradientAccumulationPlugin", "InitProcessGroupKwargs",
         "ProjectConfiguration")), "Accelerate configuration class"),
     "accel.config.fsdp:FullyShardedDataParallelPlugin": "Accelerate configuration class",
+    # Accelerate's config-file classes (accelerate.commands.config.config_args): scripts
+    # construct and subclass them as plain dataclasses
+    **dict.fromkeys((f"accel.compat.commands_config:{name}" for name in (
+        "BaseConfig", "ClusterConfig")), "Accelerate configuration class"),
     **dict.fromkeys((f"accel.config.parallelism:{name}" for name in (
         "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig")),
         "Accelerate configuration class"),
@@ -106,12 +110,18 @@ def test_every_internal_dataclass_is_keyword_only_and_slotted() -> None:
 
 
 def test_the_public_exceptions_are_public() -> None:
-    """Every class excused as public is reachable from accel/__init__.py or accel.ps."""
+    """Every class excused as public is reachable from accel/__init__.py, accel.ps or one of
+    Accelerate's module paths (accel.compat.paths)."""
     import accel
     import accel.ps
+    from accel.compat.paths import PATHS, names
 
     reachable = {id(getattr(accel, name)) for name in accel.__all__ if name != "__version__"}
     reachable |= {id(getattr(accel.ps, name)) for name in accel.ps.__all__}
+    for path in PATHS:
+        module = importlib.import_module(path)
+        reachable |= {id(getattr(module, name)) for name in names(path)
+                      if name.endswith("Config")}
     for name in PUBLIC:
         module, cls = name.split(":")
         obj = getattr(importlib.import_module(module), cls)

@@ -1,11 +1,12 @@
-"""Accelerate's ``accelerate.commands.config`` module path (refused: ``accel config``).
+"""Accelerate's ``accelerate.commands.config`` module path: load_config_from_file (the
+``accelerate config`` questionnaire is refused: ``accel config``).
 
 A lazy re-export (names resolve on first use through :mod:`accel.compat.paths`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def __getattr__(name: str) -> Any:
@@ -16,3 +17,9 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     from ...compat.paths import names
     return names(__name__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...compat.commands_config import (
+        load_config_from_file as load_config_from_file,
+    )
