@@ -6,7 +6,7 @@ torch at all).
 Example:
     >>> import accel
     >>> accel.__version__
-    '0.1.0'
+    '1.0.0'
 """
 
 from __future__ import annotations

@@ -67,8 +67,9 @@ class AccelerateAttributes:
 
     @property
     def dispatch_batches(self) -> bool:
-        """Always False: every rank reads its own shard (accel never dispatches from rank 0)."""
-        return False
+        """True when rank 0 reads the data and sends each rank its batches
+        (``DataLoaderConfiguration(dispatch_batches=True)``); else every rank reads its own."""
+        return bool(self._options.dataloader_config.dispatch_batches)
 
     @property
     def use_seedable_sampler(self) -> bool:

@@ -8,12 +8,14 @@
 - ``DataLoaderShard``: the class of every loader ``prepare()`` returns (for ``isinstance``);
   calling it, as in Accelerate, prepares ``DataLoader(dataset, **kwargs)`` for one process.
 - ``SkipDataLoader``: a ``DataLoader`` whose passes leave out their first batches.
+- With ``use_stateful_dataloader=True`` and torchdata installed, the loaders of all three
+  classes are also torchdata's ``StatefulDataLoader`` (``accel.data.stateful``); a prepared
+  loader keeps accel's iteration and ``state_dict`` format.
 - ``IterableDatasetShard``: Accelerate's sample-level shard of an iterable dataset (accel's own
   class; a prepared loader shards an iterable dataset's batches itself and never makes one).
-- ``DataLoaderDispatcher`` is importable, so that an import or an ``isinstance`` check keeps
-  working (it is False: accel never makes one), but creating one raises
-  ``NotImplementedError`` saying why and what to use: accel never dispatches batches from
-  rank 0.
+- ``DataLoaderDispatcher``: the class of the loaders prepared with ``dispatch_batches=True``
+  (rank 0 reads, every rank gets its batches); calling it, as in Accelerate, prepares
+  ``DataLoader(dataset, **kwargs)`` that way over this job's processes.
 
 Example:
     >>> from torch.utils.data import DataLoader
@@ -38,6 +40,7 @@ from ..config.settings import DataLoaderConfiguration
 from ..data import (
     BatchSamplerShard,
     DataTracker,
+    DispatchSource,
     IterableDatasetShard,
     PreparedDataLoader,
     SeedableRandomSampler,
@@ -45,6 +48,7 @@ from ..data import (
     build_prepared_loader,
     skip_first_batches,
 )
+from ..data.stateful import stateful_variant
 from ..distributed import Communicator, ProcessContext
 from ..run.connector import connect_process
 
@@ -104,25 +108,36 @@ class SkipDataLoader(DataLoader[Any]):
     (Accelerate's class and arguments; ``dataloader_kwargs`` go to ``DataLoader``).
 
     The skipped batches are loaded and dropped, as in Accelerate; ``skip_first_batches`` skips
-    a map-style loader's batches at its sampler instead, without loading them.
+    a map-style loader's batches at its sampler instead, without loading them. With
+    ``use_stateful_dataloader=True`` (torchdata installed) the loader is also torchdata's
+    ``StatefulDataLoader``, whose ``state_dict()`` counts the skipped batches too, as in
+    Accelerate.
 
     Example:
         >>> [b.tolist() for b in SkipDataLoader(range(6), skip_batches=1, batch_size=2)]
         [[2, 3], [4, 5]]
     """
 
+    def __new__(cls, dataset: Any = None, skip_batches: int = 0,
+                use_stateful_dataloader: bool = False, **dataloader_kwargs: Any) -> SkipDataLoader:
+        if not use_stateful_dataloader:
+            return super().__new__(cls)
+        stateful = stateful_variant(cls)
+        if stateful is None:
+            raise NotImplementedError(
+                "SkipDataLoader(use_stateful_dataloader=True) needs torchdata's "
+                "StatefulDataLoader: `pip install torchdata` (or accel[stateful]), or prepare "
+                "the loader with DataLoaderConfiguration(use_stateful_dataloader=True), whose "
+                "state_dict() resumes exactly without torchdata")
+        return super().__new__(stateful)
+
     def __init__(self, dataset: Any, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, **dataloader_kwargs: Any) -> None:
-        if use_stateful_dataloader:
-            raise NotImplementedError(
-                "SkipDataLoader(use_stateful_dataloader=True) is not supported: accel does not "
-                "wrap torchdata's StatefulDataLoader; prepare the loader with "
-                "DataLoaderConfiguration(use_stateful_dataloader=True), whose state_dict() "
-                "resumes exactly")
         if int(skip_batches) < 0:
             raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
         super().__init__(dataset, **dataloader_kwargs)
         self.skip_batches = int(skip_batches)
+        self.use_stateful_dataloader = bool(use_stateful_dataloader)  # see __new__
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return itertools.islice(super().__iter__(), self.skip_batches, None)
@@ -131,18 +146,47 @@ class SkipDataLoader(DataLoader[Any]):
         return max(0, super().__len__() - self.skip_batches)
 
 
-class DataLoaderDispatcher:
-    """Not offered: accel never dispatches batches from rank 0 (``dispatch_batches=True``).
+class _DispatcherClass(type):
+    """``DataLoaderDispatcher``'s type: the prepared loaders whose batches rank 0 reads and
+    sends are instances, and calling it builds one from a dataset and ``DataLoader``
+    arguments."""
 
-    Every rank reads its own shard, which also keeps batches of varying shapes working. The
-    name exists so that imports and ``isinstance`` checks keep working; creating one raises.
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, PreparedDataLoader) and \
+            isinstance(instance._source, DispatchSource)
+
+    def __call__(cls, dataset: Any, split_batches: bool = False, skip_batches: int = 0,
+                 use_stateful_dataloader: bool = False, _drop_last: bool = False,
+                 _non_blocking: bool = False, slice_fn: Callable[..., Any] | None = None,
+                 torch_device_mesh: Any = None, **dataloader_kwargs: Any) -> Any:
+        if slice_fn is not None or _drop_last:
+            raise NotImplementedError(
+                "DataLoaderDispatcher(slice_fn=..., _drop_last=True) is not supported: accel "
+                "sends each rank whole batches collated from its own samples, so no slicing "
+                "applies; pass drop_last=True to drop an incomplete batch")
+        loader = prepare_data_loader(
+            DataLoader(dataset, **dataloader_kwargs), split_batches=split_batches,
+            dispatch_batches=True, non_blocking=_non_blocking,
+            use_stateful_dataloader=use_stateful_dataloader,
+            torch_device_mesh=torch_device_mesh)
+        return skip_first_batches(loader, int(skip_batches)) if skip_batches else loader
+
+
+class DataLoaderDispatcher(metaclass=_DispatcherClass):
+    """A prepared loader whose batches rank 0 reads and sends to every rank (Accelerate's name;
+    ``DataLoaderConfiguration(dispatch_batches=True)`` gives one from ``prepare()``).
+
+    Called as Accelerate's, ``DataLoaderDispatcher(dataset, split_batches=False,
+    skip_batches=0, ..., **dataloader_kwargs)`` prepares ``DataLoader(dataset,
+    **dataloader_kwargs)`` over this job's processes.
+
+    Example:
+        >>> loader = DataLoaderDispatcher(range(6), batch_size=4)
+        >>> [(b.tolist(), loader.end_of_dataloader) for b in loader]
+        [([0, 1, 2, 3], False), ([4, 5], True)]
+        >>> isinstance(loader, DataLoaderDispatcher), isinstance(loader, DataLoaderShard)
+        (True, True)
     """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "DataLoaderDispatcher is not offered by accel: every rank reads its own shard "
-            "(dispatch_batches=True is refused by design); prepare the DataLoader with "
-            "Accelerator.prepare() or accel.data_loader.prepare_data_loader() instead")
 
 
 def prepare_data_loader(
@@ -174,7 +218,6 @@ def prepare_data_loader(
     shuffling sampler draws from its own generator, synchronized from rank 0 at every pass.
 
     Raises:
-        ValueError: ``dispatch_batches=True`` (every rank reads its own shard in accel).
         NotImplementedError: ``torch_device_mesh`` (accel has no tensor/context parallelism).
 
     Example:
@@ -190,8 +233,9 @@ def prepare_data_loader(
             "prepare_data_loader(torch_device_mesh=...) is not supported: accel shards data "
             "over all processes (data parallel only); drop the argument")
     if slice_fn_for_dispatch is not None:
-        warn_user("prepare_data_loader(slice_fn_for_dispatch=...) is ignored: accel never "
-                  "dispatches batches (each rank reads its own shard)")
+        warn_user("prepare_data_loader(slice_fn_for_dispatch=...) is not used: with "
+                  "dispatch_batches=True accel sends each rank whole batches collated from its "
+                  "own samples, so nothing is sliced")
     config = DataLoaderConfiguration(
         split_batches=split_batches, dispatch_batches=dispatch_batches,
         even_batches=even_batches, data_seed=data_seed, non_blocking=non_blocking,

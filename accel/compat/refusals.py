@@ -57,7 +57,7 @@ UNSUPPORTED_ARGUMENTS = {
     "deepspeed_plugins": "DeepSpeed is not supported; use DDP (the default)",
     "megatron_lm_plugin": "Megatron-LM is not supported",
     "torch_tp_plugin": "tensor parallelism is not supported",
-    "dispatch_batches": "accel never dispatches batches from rank 0; drop the argument",
+    "dispatch_batches": "pass dataloader_config=DataLoaderConfiguration(dispatch_batches=...)",
     "even_batches": "pass dataloader_config=DataLoaderConfiguration(even_batches=...)",
     "use_seedable_sampler": "pass dataloader_config=DataLoaderConfiguration(...)",
 }
@@ -187,9 +187,6 @@ REFUSED: dict[str, dict[str, str]] = {
          ("save_custom_state", "load_custom_state")),
     ),
     "accel.tracking": _by_name(
-        ("this tracker is not built in: subclass `GeneralTracker` and pass an instance in "
-         "`Accelerator(log_with=[...])`",
-         ("ClearMLTracker", "DVCLiveTracker", "SwanLabTracker", "TrackioTracker")),
         ("pass tracker names or `GeneralTracker` instances in `Accelerator(log_with=...)`: "
          "accel checks them there", ("filter_trackers", "get_available_trackers")),
         ("accel keeps no process-wide tracker registry (`LOGGER_TYPE_TO_CLASS` is read-only): "

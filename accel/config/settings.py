@@ -55,10 +55,8 @@ class LoggerType(str, enum.Enum):
     """An experiment tracker's name for ``Accelerator(log_with=...)``; members and values are
     Accelerate's (a member equals its string: ``LoggerType.WANDB == "wandb"``).
 
-    accel runs ``all``, ``tensorboard``, ``wandb``, ``mlflow``, ``comet_ml`` and ``aim`` (and its
-    own ``jsonl`` and ``csv``, which have no member here: pass the string). ``trackio``,
-    ``clearml``, ``dvclive`` and ``swanlab`` are listed so that scripts naming them import; asking
-    for one raises, naming the alternatives.
+    accel runs every member (and its own ``jsonl`` and ``csv``, which have no member here: pass
+    the string).
 
     Example:
         >>> LoggerType.COMETML == "comet_ml", LoggerType("wandb") is LoggerType.WANDB
@@ -253,8 +251,9 @@ class DataLoaderConfiguration:
     - ``use_stateful_dataloader``: ``load_state`` restores each prepared loader's exact
       position, so iterating it continues with the next unseen batch of the saved epoch (same
       shuffle order and worker seeds; accel tracks the position itself, torchdata is not
-      needed). Off by default, as in Accelerate: ``load_state`` then leaves loaders as they
-      are, so a script that skips the batches already seen by hand
+      needed; with torchdata installed the loaders are also its ``StatefulDataLoader``s, as
+      Accelerate's are). Off by default, as in Accelerate: ``load_state`` then leaves loaders
+      as they are, so a script that skips the batches already seen by hand
       (``skip_first_batches(loader, n)`` or ``if step < resume_step: continue``) trains on the
       same batches as under Accelerate.
     - ``use_seedable_sampler``: with ``True`` a shuffling sampler draws epoch ``e``'s order
@@ -276,9 +275,11 @@ class DataLoaderConfiguration:
       first batches differ across ranks (with one warning naming this flag). Ranks whose
       stream ends first repeat their last batch, marked as padding, until the longest ends.
       Only for iterable datasets (a map-style dataset with it raises).
-    - ``dispatch_batches`` exists for signature compatibility with Accelerate; accel always
-      lets every rank read its own shard (batches with varying shapes keep working), so
-      preparing a data loader with ``dispatch_batches=True`` raises, saying so.
+    - ``dispatch_batches=True``: rank 0 reads the loader and sends every rank its batches (for
+      data only rank 0 can read, or that should be read once); batches may change shape from
+      one to the next, and ``gather_for_metrics`` stays exact. ``None`` (the default) or
+      ``False``: every rank reads its own shard, for iterable datasets too (Accelerate
+      dispatches those by default).
     """
 
     split_batches: bool = False

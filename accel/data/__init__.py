@@ -35,12 +35,14 @@ from .loader import (
 )
 from .metrics import gather_for_metrics
 from .samplers import BatchSamplerShard, SeedableRandomSampler, SeedableSampler, SkipBatchSampler
+from .sources import DispatchSource
 from .transfer import send_to_device
 from .trim import trim_batch
 
 __all__ = [
     "BatchSamplerShard",
     "DataTracker",
+    "DispatchSource",
     "IterableDatasetShard",
     "PreparedDataLoader",
     "SeedableRandomSampler",

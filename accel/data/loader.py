@@ -32,6 +32,7 @@ from .plan import Step
 from .samplers import SkipBatchSampler
 from .selection import check_same_everywhere, dataset_length, select_source
 from .sources import _Source, rebuild_loader
+from .stateful import stateful_variant
 from .transfer import send_to_device
 from .trim import trim_batch
 
@@ -123,7 +124,9 @@ class PreparedDataLoader:
     restores it exactly: the next pass continues with the next unseen batch. ``load_state``
     calls it only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``; otherwise the
     loader is left as it is, as Accelerate leaves its loaders, for scripts that skip batches
-    by hand after ``load_state``.
+    by hand after ``load_state``. With that switch and torchdata installed, the loader is an
+    instance of a subclass that is also torchdata's ``StatefulDataLoader`` (``accel.data.stateful``;
+    everything above stays as described).
     """
 
     def __init__(self, base: DataLoader[Any], source: _Source, *, ctx: ProcessContext,
@@ -245,6 +248,11 @@ class PreparedDataLoader:
 
     def __len__(self) -> int:
         return len(self._source)
+
+    @property
+    def iteration(self) -> int:
+        """Accelerate's name for :attr:`epoch`: the pass in progress, or the next one."""
+        return self.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` (its shuffle order) for the next pass.
@@ -398,11 +406,6 @@ def build_prepared_loader(loader: DataLoader[Any], *, ctx: ProcessContext,
         >>> len(dl), dl.total_batch_size
         (2, 2)
     """
-    if config.dispatch_batches:
-        raise ValueError(
-            "DataLoaderConfiguration(dispatch_batches=True) is not supported: accel has every "
-            "rank read its own shard (it keeps batches of varying shape working); drop the "
-            "argument")
     if isinstance(loader, PreparedDataLoader):
         if loader._tracker is tracker:
             return loader
@@ -416,8 +419,24 @@ def build_prepared_loader(loader: DataLoader[Any], *, ctx: ProcessContext,
     check_same_everywhere(loader, source=source, comm=comm,
                           already_sharded=bool(config.already_sharded))
     sync = comm.broadcast if comm.ctx.world_size > 1 else None
-    return PreparedDataLoader(loader, source, ctx=ctx, device=device, config=config,
-                              tracker=tracker, seed=seed, after_batch=after_batch, sync=sync)
+    cls = prepared_loader_class(config)
+    return cls(loader, source, ctx=ctx, device=device, config=config, tracker=tracker,
+               seed=seed, after_batch=after_batch, sync=sync)
+
+
+def prepared_loader_class(config: DataLoaderConfiguration) -> type[PreparedDataLoader]:
+    """The class of the loaders prepared with ``config``: with ``use_stateful_dataloader=True``
+    and torchdata installed, a ``PreparedDataLoader`` that is also torchdata's
+    ``StatefulDataLoader`` (its iteration and state stay accel's); else ``PreparedDataLoader``.
+
+    Example:
+        >>> from accel.config import DataLoaderConfiguration
+        >>> prepared_loader_class(DataLoaderConfiguration()).__name__
+        'PreparedDataLoader'
+    """
+    if config.use_stateful_dataloader:
+        return stateful_variant(PreparedDataLoader) or PreparedDataLoader
+    return PreparedDataLoader
 
 
 @contextlib.contextmanager
@@ -512,7 +531,8 @@ def skip_first_batches(loader: Any, num_batches: int) -> Any:
     """
     if num_batches < 0:
         raise ValueError(f"num_batches must be >= 0, got {num_batches}")
-    if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+    if isinstance(loader, DataLoader) and not isinstance(loader, PreparedDataLoader) and \
+            not isinstance(loader.dataset, IterableDataset):  # (a stateful one is a DataLoader)
         if loader.batch_sampler is not None:
             return rebuild_loader(loader, batch_sampler=SkipBatchSampler(loader.batch_sampler,
                                                                          num_batches))

@@ -3,12 +3,13 @@
 ``select_source`` picks one of ``accel.data.sources`` for a ``DataLoader``: a loader with a
 ``DistributedSampler`` built for this job is left alone, an iterable dataset is split at the batch
 level unless its stream is rank-local (``accel.data.local``), and a map-style dataset is split
-through its batch sampler. ``check_same_everywhere`` compares the ranks' choices in one
-collective at ``prepare()``.
+through its batch sampler; with ``dispatch_batches=True`` rank 0 reads and sends the batches.
+``check_same_everywhere`` compares the ranks' choices in one collective at ``prepare()``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -18,7 +19,14 @@ from ..config.settings import DataLoaderConfiguration
 from ..distributed.context import ProcessContext
 from ..distributed.ops import Communicator
 from .local import RankLocal, presplit_source
-from .sources import IterableSource, MapSource, PassthroughSource, _Source, find_distributed_sampler
+from .sources import (
+    DispatchSource,
+    IterableSource,
+    MapSource,
+    PassthroughSource,
+    _Source,
+    find_distributed_sampler,
+)
 
 __all__ = ["check_same_everywhere", "dataset_length", "select_source"]
 
@@ -44,6 +52,18 @@ def select_source(loader: DataLoader[Any], *, ctx: ProcessContext,
             "rank. Drop the flag; for map-style data that is already split by rank, wrap it in "
             "an IterableDataset that yields this rank's items, or pass a DataLoader with a "
             "DistributedSampler built for this job (prepare() leaves that alone)")
+    if config.dispatch_batches:
+        if sampler is not None or config.already_sharded:
+            raise ValueError(
+                "DataLoaderConfiguration(dispatch_batches=True) has rank 0 read all the data and "
+                "send each rank its share, but this loader is already split by rank ("
+                + ("a DistributedSampler" if sampler is not None else "already_sharded=True")
+                + "); drop one of the two")
+        channel = _channels(comm, world)["share"]
+        return DispatchSource(loader, rank=rank, world=world, even=config.even_batches,
+                              split=config.split_batches, seed=seed,
+                              share=None if channel is None else functools.partial(channel,
+                                                                                   src=0))
     if sampler is not None:
         if sampler.num_replicas != world or sampler.rank != rank:
             raise ValueError(
@@ -87,7 +107,8 @@ def check_same_everywhere(loader: DataLoader[Any], *, source: _Source, comm: Com
     """
     if comm.ctx.world_size == 1:
         return
-    iterable = source if isinstance(source, IterableSource) else None
+    iterable = source if isinstance(source, IterableSource) and \
+        not isinstance(source, DispatchSource) else None
     length = None if iterable is not None else dataset_length(loader.dataset)
     mine = (type(source).__name__, length, loader.batch_size, already_sharded)
     own = iterable.own_batches() if iterable is not None else None

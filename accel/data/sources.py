@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,8 +41,8 @@ from .samplers import (
     epoch_seed,
 )
 
-__all__ = ["MapSource", "IterableSource", "PassthroughSource", "find_distributed_sampler",
-           "given_batch_sampler", "rebuild_loader"]
+__all__ = ["DispatchSource", "MapSource", "IterableSource", "PassthroughSource",
+           "find_distributed_sampler", "given_batch_sampler", "rebuild_loader"]
 
 Pair = tuple[Any, Step]
 
@@ -369,8 +369,7 @@ class IterableSource(_Source):
                 raise TypeError("the length of a rank-local stream is its longest rank's, "
                                 "unknown unless every rank's dataset has a __len__")
             return steps, steps
-        # Dataset declares no __len__; a map-style dataset without one is unusable here anyway.
-        n = len(self.dataset)  # type: ignore[arg-type]
+        n = self._samples()
         world, rank, size = self.world, self.rank, self.chunk or 1
         if self.split:
             full, rest = divmod(n, size * world)
@@ -381,11 +380,87 @@ class IterableSource(_Source):
         rounds = -(-chunks // world)
         return rounds, rounds if self.even else chunks // world + (rank < chunks % world)
 
+    def _samples(self) -> int:
+        """Samples per pass: the dataset's length (``TypeError`` when it has none)."""
+        return len(self.dataset)  # type: ignore[arg-type]
+
     def num_rounds(self) -> int:
         return self._counts()[0]
 
     def __len__(self) -> int:
         return self._counts()[1]
+
+
+class DispatchSource(IterableSource):
+    """``dispatch_batches=True``: rank 0 reads the loader and sends each batch to every rank
+    (one ``share`` per batch: a pickled object, so shapes and structure may change from batch
+    to batch); every rank then cuts the same rounds :class:`IterableSource` cuts and keeps its
+    own, so ``even_batches``, ``split_batches``, ``drop_last`` and exact ``gather_for_metrics``
+    behave alike. The other ranks never iterate their loader (their data may be unreadable).
+
+    A map-style loader is read in its sampler's order (a ``RandomSampler`` becomes seedable:
+    epoch ``e`` draws from ``seed + e``, so a resumed epoch repeats its order), or in its own
+    batch sampler's batches (each one rank's batch; not with ``split_batches``).
+    """
+
+    def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
+                 split: bool, seed: int, share: Callable[[Any], Any] | None) -> None:
+        super().__init__(loader, rank=rank, world=world, even=even, split=split, seed=seed)
+        #: ``share(obj)`` is rank 0's ``obj`` on every rank (``None``: one process)
+        self.share = share
+        self.sampler: Any = None
+        if not isinstance(loader.dataset, IterableDataset):
+            self.loader = self._map_loader(loader, seed=seed)
+
+    def _map_loader(self, loader: DataLoader[Any], *, seed: int) -> DataLoader[Any]:
+        if loader.batch_size is None:  # the user's batch sampler: each of its batches is a chunk
+            self.sampler = given_batch_sampler(loader)
+            inner = getattr(self.sampler, "sampler", None)
+            self.epoch_targets = [t for t in (self.sampler, inner) if hasattr(t, "set_epoch")]
+            return rebuild_loader(loader, in_order=True, batch_sampler=self.sampler,
+                                  collate_fn=CountingCollate(loader.collate_fn, False),
+                                  generator=self.generator)
+        self.sampler = _seedable(loader.sampler, seed)
+        if self.sampler is not loader.sampler:
+            self.seeded.append(self.sampler)
+        self.epoch_targets = [self.sampler] if hasattr(self.sampler, "set_epoch") else []
+        return rebuild_loader(loader, in_order=True, sampler=self.sampler,
+                              batch_size=self.chunk,
+                              collate_fn=CountingCollate(loader.collate_fn, self.batched),
+                              drop_last=loader.drop_last and not self.split,
+                              generator=self.generator)
+
+    def _samples(self) -> int:
+        """Samples per pass (batches, with the user's batch sampler: each is one chunk)."""
+        return len(self.sampler) if self.sampler is not None else super()._samples()
+
+    def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
+        del epoch  # the sampler's or dataset's set_epoch has been called
+        whole = (self.chunk or 1) * self.world
+        rounds = ChunkRounds(self._received(), world=self.world, rank=self.rank,
+                             keep_padding=self.even,
+                             drop_below=whole if self.split and self.drop_last else None)
+        pad = rounds.pad if self.even else None
+        for step in rank_steps(rounds, rank=self.rank, world=self.world, pad=pad, skip=skip):
+            yield (None if step.payload is None else step.payload[0]), step
+
+    def _received(self) -> Iterator[tuple[Any, int]]:
+        """Rank 0's ``((batch,), samples)`` chunks, on every rank, then the end. Every rank
+        pulls as many as the others (the rounds are cut alike), so the broadcasts pair up."""
+        # alone (one process, or another rank's shard built here) every rank reads for itself
+        chunks = iter(self.loader) if self.rank == 0 or self.share is None else None
+        while True:
+            item = next(chunks, None) if chunks is not None else None
+            if self.share is not None:
+                item = self.share(item)
+            if item is None:
+                return
+            batch, count = item
+            yield (batch,), int(count)
+
+    @property
+    def rank_local(self) -> bool:
+        return False
 
 
 class PassthroughSource(_Source):

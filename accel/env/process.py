@@ -32,7 +32,9 @@ __all__ = [
     "formed_layout",
     "gloo_socket_ifname",
     "log_level",
+    "CLEARML_VARIABLES",
     "MLFLOW_VARIABLES",
+    "clearml_variables",
     "mlflow_variables",
     "pjrt_device",
     "requested_layout",
@@ -118,6 +120,21 @@ def mlflow_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]
     """
     env = current(environ)
     return {name: env[name] for name in MLFLOW_VARIABLES if env.get(name)}
+
+
+#: The ClearML variables that take priority over ``ClearMLTracker``'s run name (as in Accelerate).
+CLEARML_VARIABLES = ("CLEARML_PROJECT", "CLEARML_TASK")
+
+
+def clearml_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``CLEARML_VARIABLES`` that are set and not empty.
+
+    Example:
+        >>> clearml_variables({"CLEARML_PROJECT": "vision", "CLEARML_TASK": ""})
+        {'CLEARML_PROJECT': 'vision'}
+    """
+    env = current(environ)
+    return {name: env[name] for name in CLEARML_VARIABLES if env.get(name)}
 
 
 def error_file(environ: Mapping[str, str] | None = None) -> str | None:

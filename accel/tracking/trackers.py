@@ -1,5 +1,6 @@
 """Experiment trackers: ``jsonl``, ``csv``, ``tensorboard``, the services ``wandb``, ``mlflow``,
-``comet_ml`` and ``aim`` (see ``accel.tracking.services``), and a base class for your own.
+``comet_ml``, ``aim`` (see ``accel.tracking.services``), ``clearml``, ``dvclive``, ``swanlab`` and
+``trackio`` (see ``accel.tracking.more_services``), and a base class for your own.
 
 Only the main process writes. :func:`init_trackers` (what ``Accelerator.init_trackers``
 delegates to) builds the trackers on the main process and returns a :class:`TrackerSet`; on other
@@ -49,12 +50,19 @@ from .._base.optional import check_installed, is_available, require
 from .._base.warn import warn_user
 from ..config.settings import LoggerType
 from .base import GeneralTracker, Scalar, _scalar, _to_python, on_main_process
+from .more_services import (
+    MORE_SERVICES,
+    ClearMLTracker,
+    DVCLiveTracker,
+    SwanLabTracker,
+    TrackioTracker,
+)
 from .services import SERVICES, AimTracker, CometMLTracker, MLflowTracker, WandBTracker
 
-__all__ = ["LOGGER_TYPE_TO_CLASS", "AimTracker", "CSVTracker", "CometMLTracker", "GeneralTracker",
-           "JSONLTracker", "LoggerType", "MLflowTracker", "TensorBoardTracker", "TrackerSet",
-           "WandBTracker", "available_trackers", "check_log_with", "init_trackers",
-           "on_main_process"]
+__all__ = ["LOGGER_TYPE_TO_CLASS", "AimTracker", "CSVTracker", "ClearMLTracker", "CometMLTracker",
+           "DVCLiveTracker", "GeneralTracker", "JSONLTracker", "LoggerType", "MLflowTracker",
+           "SwanLabTracker", "TensorBoardTracker", "TrackerSet", "TrackioTracker", "WandBTracker",
+           "available_trackers", "check_log_with", "init_trackers", "on_main_process"]
 
 
 def _scalars(values: Mapping[str, Any], tracker: str) -> dict[str, Scalar]:
@@ -212,6 +220,7 @@ class TensorBoardTracker(GeneralTracker):
 
 _BUILTIN: Mapping[str, type[GeneralTracker]] = MappingProxyType({
     "jsonl": JSONLTracker, "csv": CSVTracker, "tensorboard": TensorBoardTracker, **SERVICES,
+    **MORE_SERVICES,
 })
 #: Accelerate's name for the table of built-in trackers: name -> class, read-only (accel keeps
 #: no process-wide registry; pass your own tracker as an instance in ``log_with``).
@@ -219,10 +228,8 @@ LOGGER_TYPE_TO_CLASS: Mapping[str, type[GeneralTracker]] = _BUILTIN
 #: tracker name -> (module it needs, pip extra that installs it)
 _EXTRAS: Mapping[str, tuple[str, str]] = MappingProxyType({
     "tensorboard": ("tensorboard", "tensorboard"),
-    **{name: (cls.package, cls.extra) for name, cls in SERVICES.items()},
+    **{name: (cls.package, cls.extra) for name, cls in {**SERVICES, **MORE_SERVICES}.items()},
 })
-#: Accelerate's trackers that accel does not have (``LoggerType`` lists them).
-_NOT_SUPPORTED = ("trackio", "clearml", "dvclive", "swanlab")
 
 
 def available_trackers() -> list[str]:
@@ -295,12 +302,6 @@ def _resolve(log_with: LogWith) -> list[str | GeneralTracker]:
                 check_installed(*_EXTRAS[item])  # on every rank: fail everywhere alike
             if item not in out:
                 out.append(item)
-        elif item in _NOT_SUPPORTED:
-            raise ValueError(
-                f"tracker {item!r} is one of Accelerate's that accel does not have yet; use "
-                f"{', '.join(repr(n) for n in _BUILTIN)}, or send values to {item} from your "
-                "own subclass of accel.tracking.GeneralTracker passed in log_with"
-            )
         else:
             raise ValueError(
                 f"unknown tracker {item!r} in log_with; available: 'all', "
@@ -466,7 +467,8 @@ def init_trackers(
 
     Args:
         log_with: ``"all"``, a name (``"jsonl"``, ``"csv"``, ``"tensorboard"``, ``"wandb"``,
-            ``"mlflow"``, ``"comet_ml"``, ``"aim"``) or ``LoggerType`` member, a
+            ``"mlflow"``, ``"comet_ml"``, ``"aim"``, ``"clearml"``, ``"dvclive"``,
+            ``"swanlab"``, ``"trackio"``) or ``LoggerType`` member, a
             ``GeneralTracker`` instance, or a list of those.
         project_name: run name; file trackers write under ``<logging_dir>/<project_name>/``.
             None is accepted when ``log_with`` holds only tracker instances (built by you,

@@ -12,7 +12,6 @@ import fnmatch
 
 __all__ = ["DEPARTURES", "reasons"]
 
-_DISPATCH = "`dispatch_batches`"
 _STATE = "state singletons"
 _ENV = "settings from the environment"
 _NOTICES = "notices"
@@ -20,14 +19,13 @@ _INTERNALS = "Accelerate's internals"
 
 #: test id pattern -> README "What differs" row
 DEPARTURES: dict[str, str] = {
-    # rank 0 reads and sends batches to the others: accel has every rank read its own shard
-    "test_accelerator.py::AcceleratorTester::test_can_pickle_dataloader_0": _DISPATCH,
-    "test_accelerator.py::AcceleratorTester::test_can_pickle_dataloader_1":
+    "test_accelerator.py::AcceleratorTester::test_can_pickle_dataloader_*":
         "a pickled `Accelerator`",
-    "test_cpu.py::MultiCPUTester::test_cpu": _DISPATCH,
-    "test_data_loader.py::DataLoaderTester::test_dataloader_inheritance": _DISPATCH,
-    "test_data_loader.py::DataLoaderTester::test_end_of_dataloader_dispatcher": _DISPATCH,
-    "test_data_loader.py::DataLoaderTester::test_skip_first_batches_*": _DISPATCH,
+    # test_script.main under debug_launcher: its test_reinstantiated_state
+    "test_cpu.py::MultiCPUTester::test_cpu": "`AcceleratorState._reset_state()`",
+    "test_data_loader.py::*::test_dataloader_inheritance": "prepared loaders and `DataLoader`",
+    "test_data_loader.py::StatefulDataLoaderTester::test_*stateful_dataloader_adapter_equivalent_"
+    "to_torchdata_stateful_dataloader_*": "a prepared loader's `state_dict()`",
     "test_grad_sync.py::SyncScheduler::test_gradient_sync_cpu_multi":
         "the last, short accumulation group",
     "test_accelerator.py::AcceleratorTester::test_*_state_after_reset":

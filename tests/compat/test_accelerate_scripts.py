@@ -29,13 +29,6 @@ pytestmark = pytest.mark.slow
 
 #: Test functions that do not pass under accel, and why. Keys are the harness's labels.
 DIFFERS: dict[str, str] = {
-    # accel never dispatches batches from rank 0: every rank reads its own shard (batches of
-    # varying shape keep working). Preparing a loader with dispatch_batches=True raises.
-    "test_script.py::central_dl_preparation_check()#1": "differs on purpose: dispatch_batches",
-    "external_deps/test_metrics.py::test_torch_metrics(accelerator, 99)#1":
-        "differs on purpose: dispatch_batches (split_batches=True)",
-    "external_deps/test_metrics.py::test_torch_metrics(accelerator, 99)#3":
-        "differs on purpose: dispatch_batches (split_batches=False)",
     # The test checks that AcceleratorState._reset_state() breaks an existing Accelerator
     # (Accelerate's shared singleton state). accel keeps no shared state: nothing breaks.
     "test_script.py::test_reinstantiated_state()#1":

@@ -178,7 +178,7 @@ def _manifest_doc(files: Mapping[str, FileRecord], *, step: int, world_size: int
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     if not isinstance(accel_version, str) or not accel_version:
-        raise ValueError(f"accel_version must be a non-empty string such as '0.1.0', got "
+        raise ValueError(f"accel_version must be a non-empty string such as '1.0.0', got "
                          f"{accel_version!r}")
     doc = {"format": "accel-checkpoint", "format_version": FORMAT_VERSION, "step": step,
            "world_size": world_size, "accel_version": accel_version,

@@ -5,7 +5,8 @@ tests/compat/test_diffusers_style.py runs it unchanged under Accelerate and, wit
 lines swapped, under accel, and compares what each trained on and produced. Patterns it keeps:
 trackers initialised on the main process only and ``log`` on every rank; save/load state
 pre-hooks that save the sub-model themselves (``save_pretrained``-style) and pop its weights;
-``DistributedType`` checks; the compile-aware unwrap; ``accelerator.state.*``; checkpoints saved
+``DistributedType`` checks; hooks registered only ``if version.parse(accelerate.__version__) >=
+version.parse("0.16.0")`` (accel's version numbers pass such gates); the compile-aware unwrap; ``accelerator.state.*``; checkpoints saved
 on the main process only; resume from the latest checkpoint, skipping finished batches by hand.
 """
 
@@ -15,12 +16,14 @@ import math
 import os
 import shutil
 
+import accelerate
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, ProjectConfiguration, is_compiled_module, set_seed
+from packaging import version
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, Dataset
 
@@ -118,8 +121,10 @@ def main():
             unwrap_model(model).load_state_dict(load_model.state_dict())
             del load_model
 
-    accelerator.register_save_state_pre_hook(save_model_hook)
-    accelerator.register_load_state_pre_hook(load_model_hook)
+    # diffusers' trainers register their hooks behind this version gate
+    if version.parse(accelerate.__version__) >= version.parse("0.16.0"):
+        accelerator.register_save_state_pre_hook(save_model_hook)
+        accelerator.register_load_state_pre_hook(load_model_hook)
 
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-2)
     train_dataloader = DataLoader(Pairs(), shuffle=True, batch_size=args.train_batch_size)

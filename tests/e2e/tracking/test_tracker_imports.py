@@ -17,7 +17,8 @@ def test_requesting_trackers_imports_no_library(tmp_path: Path) -> None:
     code = ("import sys; from accel import Accelerator; from accel.tracking import "
             "available_trackers as a; "
             f"Accelerator(cpu=True, log_with=a(), project_dir={str(tmp_path)!r}); "
-            "print(sorted(m for m in ('wandb', 'mlflow', 'comet_ml', 'aim') if m in sys.modules))")
+            "print(sorted(m for m in ('wandb', 'mlflow', 'comet_ml', 'aim', 'clearml', 'dvclive', "
+            "'swanlab', 'trackio') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120, env=clean_env(tmp_path))
     assert out.stdout.strip() == "[]", out.stderr

@@ -141,7 +141,7 @@ def test_local_sgd_needs_no_distributed_type() -> None:
     ("accel.data_loader", "get_sampler", "batch_sampler"),
     ("accel.checkpointing", "save_custom_state", "register_for_checkpointing"),
     ("accel.utils.modeling", "get_module_leaves", "placement algorithm"),
-    ("accel.tracking", "ClearMLTracker", "GeneralTracker"),
+    ("accel.tracking", "register_tracker_class", "GeneralTracker"),
     ("accel", "DeepSpeedPlugin", "DeepSpeed is not supported"),
 ])
 def test_a_refused_name_imports_and_says_why_when_used(path: str, name: str,

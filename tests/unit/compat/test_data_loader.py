@@ -8,6 +8,7 @@ itself in tests/e2e/compat/test_data_loader_vs_accelerate.py.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -83,13 +84,11 @@ def test_prepared_batch_sampler_is_accelerates_shard() -> None:
 
 def test_prepare_data_loader_refuses_what_accel_does_not_do() -> None:
     dl = DataLoader(range(4), batch_size=2)
-    with pytest.raises(ValueError, match="dispatch_batches=True\\) is not supported"):
-        prepare_data_loader(dl, put_on_device=True, dispatch_batches=True)
     with pytest.raises(NotImplementedError, match="torch_device_mesh"):
         prepare_data_loader(dl, torch_device_mesh=object())
     with pytest.raises(ValueError, match="process_index=2 is not a rank of num_processes=2"):
         prepare_data_loader(dl, num_processes=2, process_index=2)
-    with pytest.warns(UserWarning, match="slice_fn_for_dispatch=...\\) is ignored") as caught:
+    with pytest.warns(UserWarning, match="slice_fn_for_dispatch=...\\) is not used") as caught:
         prepare_data_loader(dl, slice_fn_for_dispatch=lambda *a, **k: a[0])
     assert caught[0].filename == __file__
     with warnings.catch_warnings():
@@ -97,16 +96,37 @@ def test_prepare_data_loader_refuses_what_accel_does_not_do() -> None:
         prepare_data_loader(dl, rng_types=["generator"], use_seedable_sampler=True)
 
 
-@pytest.mark.parametrize("cls", [DataLoaderDispatcher, IterableDatasetShard])
-def test_classes_prepare_never_makes(cls: type) -> None:
-    if cls is DataLoaderDispatcher:
-        with pytest.raises(NotImplementedError, match="DataLoaderDispatcher is not offered"):
-            cls(range(4), batch_size=2)
-    # importing and isinstance checks keep working (accel never makes one)
-    assert not isinstance(prepare_data_loader(DataLoader(range(4), batch_size=2)), cls)
+def test_iterable_dataset_shard_is_never_made_by_prepare() -> None:
     prepared = prepare_data_loader(DataLoader(range(4), batch_size=2), num_processes=2,
                                    process_index=0)
-    assert not isinstance(prepared.dataset, cls)
+    assert not isinstance(prepared.dataset, IterableDatasetShard)
+
+
+def test_data_loader_dispatcher() -> None:
+    """Accelerate's constructor; the loaders prepared with dispatch_batches=True are instances
+    (built here for one rank of two in one process: every rank then reads for itself)."""
+    loader = DataLoaderDispatcher(range(10), batch_size=4, skip_batches=1)
+    assert [b.tolist() for b in loader] == [[4, 5, 6, 7], [8, 9]]
+    assert not isinstance(prepare_data_loader(DataLoader(range(4), batch_size=2)),
+                          DataLoaderDispatcher)
+    rank1 = prepare_data_loader(DataLoader(range(10), batch_size=2), num_processes=2,
+                                process_index=1, dispatch_batches=True)
+    assert isinstance(rank1, DataLoaderDispatcher)
+    assert [b.tolist() for b in rank1] == [[2, 3], [6, 7], [2, 3]]  # padded last round
+    assert [b.tolist() for b in DataLoaderDispatcher(range(8), batch_size=4,
+                                                     split_batches=True)] == [[0, 1, 2, 3],
+                                                                              [4, 5, 6, 7]]
+    with pytest.raises(NotImplementedError, match="no slicing applies"):
+        DataLoaderDispatcher(range(4), slice_fn=lambda *a: a)
+    # a batch sampler of the user's (here skip_first_batches'): each of its batches is a chunk
+    skipped = skip_first_batches(DataLoader(range(10), batch_size=2), 2)
+    shards = [prepare_data_loader(skipped, num_processes=2, process_index=r,
+                                  dispatch_batches=True) for r in (0, 1)]
+    assert [[b.tolist() for b in shard] for shard in shards] == [[[4, 5], [8, 9]],
+                                                                 [[6, 7], [6, 7]]]
+    assert [len(shard) for shard in shards] == [2, 2]
+    shards[0].set_epoch(3)
+    assert shards[0].iteration == 3 and skip_first_batches(shards[0], 1).iteration == 3
 
 
 def test_seedable_random_sampler_orders() -> None:
@@ -163,8 +183,11 @@ def test_skip_data_loader() -> None:
         assert [b.tolist() for b in dl] == [[6, 7, 8], [9]]
     assert list(SkipDataLoader(range(4), skip_batches=9, batch_size=2)) == []
     assert len(SkipDataLoader(range(4), skip_batches=9, batch_size=2)) == 0
-    with pytest.raises(NotImplementedError, match="use_stateful_dataloader=True"):
-        SkipDataLoader(range(4), use_stateful_dataloader=True)
+    with pytest.MonkeyPatch.context() as patch:  # without torchdata (with it: test_stateful.py)
+        patch.setitem(sys.modules, "torchdata", None)
+        patch.setitem(sys.modules, "torchdata.stateful_dataloader", None)
+        with pytest.raises(NotImplementedError, match="use_stateful_dataloader=True"):
+            SkipDataLoader(range(4), use_stateful_dataloader=True)
     with pytest.raises(ValueError, match="skip_batches must be >= 0"):
         SkipDataLoader(range(4), skip_batches=-1)
 

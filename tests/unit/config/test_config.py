@@ -69,18 +69,24 @@ def test_to_timedelta_rejects_other_types(value: object) -> None:
         to_timedelta(value)  # type: ignore[arg-type]
 
 
-def test_dataloader_configuration_refuses_dispatch_batches_where_it_is_used() -> None:
-    """The configuration is accepted (Accelerate's scripts build it before they know the
-    device); preparing a data loader with it is refused, naming the fix."""
+def test_dataloader_configuration_dispatch_batches() -> None:
+    """dispatch_batches=True prepares loaders that rank 0 reads (tests/distributed has the
+    multi-process behaviour); the default, None, has every rank read its own shard."""
     from torch.utils.data import DataLoader
 
     from accel import Accelerator
+    from accel.data_loader import DataLoaderDispatcher, DataLoaderShard
 
     config = DataLoaderConfiguration(dispatch_batches=True)
     accelerator = Accelerator(cpu=True, dataloader_config=config)
-    assert accelerator.dispatch_batches is False
-    with pytest.raises(ValueError, match="dispatch_batches=True.* is not supported.*drop"):
-        accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
+    assert accelerator.dispatch_batches is True
+    loader = accelerator.prepare(DataLoader(list(range(5)), batch_size=2))
+    assert isinstance(loader, DataLoaderDispatcher) and isinstance(loader, DataLoaderShard)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    assert accelerator.gather_for_metrics(next(iter(loader))).tolist() == [0, 1]
+    plain = Accelerator(cpu=True)
+    assert plain.dispatch_batches is False
+    assert not isinstance(plain.prepare(DataLoader(list(range(4)))), DataLoaderDispatcher)
     assert DataLoaderConfiguration(dispatch_batches=False).dispatch_batches is False
     assert DataLoaderConfiguration().even_batches is True
 

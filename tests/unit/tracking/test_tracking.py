@@ -108,6 +108,7 @@ def test_log_with_resolution_and_errors(tmp_path: Path) -> None:
     assert init_trackers(None, "p").names == ()
     with pytest.raises(ValueError, match=r"unknown tracker 'nonsense'.*'jsonl', 'csv', "
                                          r"'tensorboard', 'wandb', 'comet_ml', 'aim', 'mlflow', "
+                                         r"'clearml', 'dvclive', 'swanlab', 'trackio', "
                                          r"or a GeneralTracker"):
         init_trackers(["jsonl", "nonsense"], "p", None, tmp_path)
     with pytest.raises(ValueError, match="Logging with `jsonl` requires a `logging_dir`"):

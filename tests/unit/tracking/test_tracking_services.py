@@ -1,7 +1,7 @@
-"""Trackers of services (wandb, mlflow, comet_ml, aim): comet_ml's offline archive read back,
-names, LoggerType, availability probes and missing-extra errors. The wandb, mlflow and aim
-libraries start processes (wandb's service, git) when a run starts: their read-back tests are in
-tests/e2e/tracking/test_tracker_services.py."""
+"""Trackers of services (wandb, mlflow, comet_ml, aim, clearml, dvclive, swanlab, trackio):
+comet_ml's offline archive read back, names, LoggerType, availability probes and missing-extra
+errors. The wandb, mlflow and aim libraries start processes (wandb's service, git) when a run
+starts: their read-back tests are in tests/e2e/tracking/test_tracker_services.py."""
 
 from __future__ import annotations
 
@@ -17,10 +17,15 @@ from accel import Accelerator
 from accel._base.optional import is_available
 from accel.device import availability as probes
 from accel.tracking import (
+    LOGGER_TYPE_TO_CLASS,
     AimTracker,
+    ClearMLTracker,
     CometMLTracker,
+    DVCLiveTracker,
     LoggerType,
     MLflowTracker,
+    SwanLabTracker,
+    TrackioTracker,
     WandBTracker,
     available_trackers,
     init_trackers,
@@ -31,7 +36,11 @@ from accel.utils import LoggerType as UtilsLoggerType
 SERVICES = {"wandb": ("wandb", "wandb", WandBTracker),
             "mlflow": ("mlflow", "mlflow", MLflowTracker),
             "comet_ml": ("comet_ml", "comet-ml", CometMLTracker),
-            "aim": ("aim", "aim", AimTracker)}
+            "aim": ("aim", "aim", AimTracker),
+            "clearml": ("clearml", "clearml", ClearMLTracker),
+            "dvclive": ("dvclive", "dvclive", DVCLiveTracker),
+            "swanlab": ("swanlab", "swanlab", SwanLabTracker),
+            "trackio": ("trackio", "trackio", TrackioTracker)}
 
 
 def needs(module: str, extra: str) -> pytest.MarkDecorator:
@@ -148,22 +157,23 @@ def test_available_trackers_agree_with_the_probes() -> None:
 
 def test_logger_type_names_trackers(tmp_path: Path) -> None:
     assert UtilsLoggerType is LoggerType and f"{LoggerType.COMETML}" == "comet_ml"
-    wanted = [name for name in ("wandb", "mlflow", "comet_ml", "aim") if is_available(name)]
+    wanted = [name for name in SERVICES if is_available(SERVICES[name][0])]
     members = [LoggerType(name) for name in wanted]
     assert init_trackers(members + ["jsonl"], "p", None, tmp_path, is_main=False).names == (
         *wanted, "jsonl")
     assert init_trackers(LoggerType.ALL, "p", None, tmp_path, is_main=False).names == tuple(
         available_trackers())
-    for member in (LoggerType.TRACKIO, LoggerType.CLEARML, LoggerType.DVCLIVE, "swanlab"):
-        with pytest.raises(ValueError, match=rf"{member}' is one of Accelerate's that accel "
-                                             r"does not have yet; use 'jsonl'.*'wandb'"):
-            Accelerator(cpu=True, log_with=[member])
+    # every tracker Accelerate names is built in, under Accelerate's class name
+    assert {f"{member}" for member in LoggerType} - {"all"} <= set(LOGGER_TYPE_TO_CLASS)
+    assert {LOGGER_TYPE_TO_CLASS[name] for name in SERVICES} == {
+        cls for _, _, cls in SERVICES.values()}
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
 def test_a_tracker_used_before_init_trackers_says_so(name: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("accel.tracking.services.check_installed", lambda *a: None)
+    monkeypatch.setattr("accel.tracking.more_services.check_installed", lambda *a: None)
     tracker = SERVICES[name][2]("p")
     assert tracker.name == name
     with pytest.raises(RuntimeError, match=f"the {name} tracker has no run yet.*init_trackers"):
