@@ -186,7 +186,7 @@ def mirror(desc: list[Any], *, scope: Scope, set_id: int, followers: _Followers)
         if scope.rank in process_set.ranks and len(process_set.ranks) > 1:
             followers.start(process_set.process_set_id or 0, 0)  # from its first op on
     elif kind == "allgather":
-        session.comm.gather([torch.zeros((0, *shape), dtype=_dtype(name), device=wire)
+        session.comm.gather([torch.zeros((0, *shape), dtype=_dtype(name, scope=scope), device=wire)
                              for name, shape in args[0]], group=group)
     elif kind == "barrier":
         barrier_of(session, group)
@@ -195,34 +195,38 @@ def mirror(desc: list[Any], *, scope: Scope, set_id: int, followers: _Followers)
     elif kind == "allgather_object":
         dist.all_gather_object([None] * size, None, group=group)
     elif kind == "alltoall":
-        _alltoall(_dtype(args[0]), trailing=tuple(args[1]), group=group, size=size, wire=wire)
+        _alltoall(_dtype(args[0], scope=scope), trailing=tuple(args[1]), group=group, size=size,
+                  wire=wire)
     else:
-        for work in _tensor_ops(kind, args=args, group=group, size=size, wire=wire):
+        for work in _tensor_ops(kind, args=args, group=group, size=size, scope=scope):
             work.wait()
 
 
 def _tensor_ops(kind: str, *, args: list[Any], group: Any, size: int,
-                wire: torch.device) -> list[Any]:
+                scope: Scope) -> list[Any]:
     """Start the collectives of an allreduce, broadcast, Adasum or reducescatter."""
     works: list[Any] = []
+    wire = scope.wire
     if kind == "allreduce":
         op, sizes = args
         for name, numel in sizes:
-            works.append(dist.all_reduce(_neutral(op, dtype=_dtype(name), numel=numel, wire=wire),
+            neutral = _neutral(op, dtype=_dtype(name, scope=scope), numel=numel, wire=wire)
+            works.append(dist.all_reduce(neutral,
                                          op=torch_op(op), group=group, async_op=True))
     elif kind == "broadcast":
         root, sizes = args
         for name, numel in sizes:
-            works.append(dist.broadcast(torch.zeros(numel, dtype=_dtype(name), device=wire),
+            zeros = torch.zeros(numel, dtype=_dtype(name, scope=scope), device=wire)
+            works.append(dist.broadcast(zeros,
                                         src=root, group=group, async_op=True))
     elif kind == "adasum":
         for name, numel in args[0]:
-            zeros = torch.zeros(numel, dtype=_dtype(name), device=wire)
+            zeros = torch.zeros(numel, dtype=_dtype(name, scope=scope), device=wire)
             works.append(_ALL_GATHER_INTO(zeros.new_empty(size * numel), zeros, group=group,
                                           async_op=True))
     elif kind == "reducescatter":
         for name, shape in args[0]:
-            buf = torch.zeros(shape, dtype=_dtype(name), device=wire)
+            buf = torch.zeros(shape, dtype=_dtype(name, scope=scope), device=wire)
             if shape[0] % size:  # an uneven split: the whole tensor is reduced
                 works.append(dist.all_reduce(buf, group=group, async_op=True))
                 continue
@@ -265,8 +269,11 @@ def _neutral(op: int, *, dtype: torch.dtype, numel: int, wire: torch.device) -> 
     return torch.full((numel,), value, dtype=dtype, device=wire)
 
 
-def _dtype(name: str) -> torch.dtype:
+def _dtype(name: str, *, scope: Scope | None = None) -> torch.dtype:
+    """The dtype named ``name``; with ``scope``, the dtype it travels in there."""
     dtype = getattr(torch, name.rpartition(".")[2], None)
+    if isinstance(dtype, torch.dtype) and scope is not None:
+        dtype = scope.wire_dtype(dtype)
     if not isinstance(dtype, torch.dtype):
         raise HorovodInternalError(f"hvd.join(): another rank described dtype {name!r}, which "
                                    "this torch does not have; run the same versions everywhere")

@@ -22,11 +22,19 @@ from .process_sets import ProcessSet, group_of
 from .reduce_op import Average, Max, Min, Product, Sum, name_of
 
 __all__ = ["Scope", "barrier_of", "needs_grad", "on_wire", "resolve_op", "scale_", "scope_of",
-           "torch_op"]
+           "torch_op", "wire_dtype"]
 
 _TORCH_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
               Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
 _WARNED_AVERAGE = "horovod.warned_average"
+#: dtypes gloo has no kernels for, and the wider dtype that carries them exactly (a sum wraps
+#: around the same way once cast back)
+_GLOO_CARRIERS = {torch.int16: torch.int32}
+
+
+def wire_dtype(dtype: torch.dtype, *, backend: str) -> torch.dtype:
+    """The dtype a tensor of ``dtype`` travels in on ``backend`` (int16 as int32 off nccl)."""
+    return dtype if backend == "nccl" else _GLOO_CARRIERS.get(dtype, dtype)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +59,9 @@ class Scope:
     def wire(self) -> torch.device:
         ctx = self.session.context
         return ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return wire_dtype(dtype, backend=self.session.context.backend)
 
     @property
     def rank(self) -> int:
@@ -121,14 +132,16 @@ def needs_grad(tensor: torch.Tensor) -> bool:
     return tensor.requires_grad and torch.is_grad_enabled()
 
 
-def on_wire(tensor: torch.Tensor, *, wire: torch.device, copy: bool) -> torch.Tensor:
-    """A detached, contiguous tensor on ``wire``: a new one when ``copy``, otherwise the same
-    storage where possible."""
+def on_wire(tensor: torch.Tensor, *, wire: torch.device, copy: bool,
+            dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A detached, contiguous tensor on ``wire`` (in ``dtype``, default its own): a new one
+    when ``copy``, otherwise the same storage where possible."""
     source = tensor.detach()
+    dtype = dtype or source.dtype
     if copy:
-        return source.to(wire, copy=True, memory_format=torch.contiguous_format)
-    if source.device != wire or not source.is_contiguous():
-        return source.to(wire, memory_format=torch.contiguous_format)
+        return source.to(wire, dtype, copy=True, memory_format=torch.contiguous_format)
+    if source.device != wire or source.dtype != dtype or not source.is_contiguous():
+        return source.to(wire, dtype, memory_format=torch.contiguous_format)
     return source
 
 

@@ -52,7 +52,7 @@ from ._join import join_round
 from ._join_state import begin, done
 from ._plumbing import Scope, barrier_of, needs_grad, on_wire, scale_, scope_of
 from .compression import Compression, Compressor
-from .handles import submit, synchronize
+from .handles import check_name, submit, synchronize
 from .ops import allreduce
 from .process_sets import ProcessSet, global_process_set
 from .reduce_op import Average, Sum, name_of
@@ -72,16 +72,18 @@ def _gather(tensors: Sequence[torch.Tensor], process_set: ProcessSet,
         return [t.clone() for t in leaves]
     ticket = begin(scope, desc=("allgather", tuple((t.dtype, t.shape[1:]) for t in leaves)),
                    what=what)
-    out: list[torch.Tensor] = scope.session.comm.gather(leaves, group=scope.group)
+    wired = [t.to(scope.wire_dtype(t.dtype)) for t in leaves]  # int16 as int32 on gloo
+    out: list[torch.Tensor] = scope.session.comm.gather(wired, group=scope.group)
     done(scope, ticket)
-    return out
+    return [o.to(t.dtype) for o, t in zip(out, leaves, strict=True)]
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start gathering ``tensor`` from every rank of the set (dim 0 may differ)."""
+    full = check_name("allgather", name)
     result = _gather([tensor], process_set)[0]
-    return submit([], lambda: result)
+    return submit([], lambda: result, name=full)
 
 
 class _Allgather(torch.autograd.Function):
@@ -155,6 +157,11 @@ def _splits(tensor: torch.Tensor, splits: Any, scope: Scope) -> list[int]:
             raise ValueError(f"hvd.alltoall: without splits, the first dimension ({rows}) must "
                              f"divide evenly among the {scope.size} ranks; pass splits=")
         return [rows // scope.size] * scope.size
+    if isinstance(splits, torch.Tensor) and (splits.dtype.is_floating_point
+                                             or splits.dtype.is_complex
+                                             or splits.dtype == torch.bool):
+        raise ValueError(f"hvd.alltoall: splits must hold integers (as Horovod's int32 "
+                         f"tensor), got a {splits.dtype} tensor; pass splits.int()")
     values = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     if len(values) != scope.size or min(values) < 0 or sum(values) > rows:
         raise ValueError(f"hvd.alltoall: splits={values} must hold {scope.size} non-negative "
@@ -177,7 +184,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     received_t = torch.empty_like(counts)
     dist.all_to_all_single(received_t, counts, group=scope.group)
     received = received_t.tolist()
-    wire_in = on_wire(source, wire=scope.wire, copy=False)
+    wire_in = on_wire(source, wire=scope.wire, copy=False, dtype=scope.wire_dtype(source.dtype))
     out = wire_in.new_empty((sum(received),) + tuple(source.shape[1:]))
     work = dist.all_to_all_single(out, wire_in, output_split_sizes=received,
                                   input_split_sizes=sent, group=scope.group, async_op=True)
@@ -185,7 +192,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
         done(scope, ticket)
-        return out.to(tensor.device), splits_out
+        return out.to(tensor.device, tensor.dtype), splits_out
 
     return submit([work], finish)
 
@@ -253,7 +260,8 @@ def _reducescatter_async(tensors: Sequence[torch.Tensor], *, op: int, process_se
     works: list[Any] = []
     parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []  # (buf, out, src)
     for tensor in tensors:
-        buf = scale_(on_wire(tensor, wire=scope.wire, copy=True), prescale)
+        buf = scale_(on_wire(tensor, wire=scope.wire, copy=True,
+                             dtype=scope.wire_dtype(tensor.dtype)), prescale)
         rows = tensor.shape[0]
         if scope.distributed and rows % scope.size == 0:
             out = buf.new_empty((rows // scope.size,) + tuple(tensor.shape[1:]))
@@ -272,7 +280,7 @@ def _reducescatter_async(tensors: Sequence[torch.Tensor], *, op: int, process_se
             if out is None:
                 start, end = _rows_of(tensor.shape[0], scope.size, index)
                 out = buf[start:end].clone()
-            results.append(scale_(out, post).to(tensor.device))
+            results.append(scale_(out, post).to(tensor.device, tensor.dtype))
         return results[0] if single else results
 
     return submit(works, finish)

@@ -6,6 +6,11 @@ torch.distributed work objects still in flight and what turns their buffers into
 returns the result. A handle is used once: a second ``synchronize`` (or one on a handle this
 session never issued) raises, rather than Horovod's silent ``None``, so a double wait is found.
 
+As in Horovod, a named operation (``name="grad.w"``) may not start while another of the same
+kind and name is still pending (issued, not yet synchronized): :func:`check_name` raises
+``ValueError`` on the rank that issues the second one, before anything is sent. Every rank runs
+the same program, so they all raise at the same call.
+
 Example:
     >>> import torch
     >>> import accel.horovod as hvd
@@ -24,7 +29,7 @@ from typing import Any
 
 from ._session import current
 
-__all__ = ["poll", "submit", "synchronize"]
+__all__ = ["check_name", "poll", "submit", "synchronize"]
 
 _KEY = "horovod.handles"
 
@@ -33,6 +38,7 @@ _KEY = "horovod.handles"
 class _Pending:
     works: Sequence[Any]  # torch.distributed Work objects (empty when already done)
     finish: Callable[[], Any]  # builds the result once the works are done
+    name: str | None = None  # "<kind>.<name>" of a named operation
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,12 +56,27 @@ def _table() -> _Table:
     return table
 
 
-def submit(works: Sequence[Any], finish: Callable[[], Any]) -> int:
-    """Register work in flight and the step that completes it; returns the new handle."""
+def check_name(kind: str, name: str | None) -> str | None:
+    """``"<kind>.<name>"`` for a named operation (None without a name); ``ValueError`` when
+    an operation of that kind and name is still pending (Horovod's duplicate-name error)."""
+    if name is None:
+        return None
+    full = f"{kind}.{name}"
+    if any(pending.name == full for pending in _table().pending.values()):
+        raise ValueError(f"hvd.{kind}(name={name!r}): an operation named {full!r} is already "
+                         "pending; synchronize it first, or give each concurrent operation "
+                         "its own name")
+    return full
+
+
+def submit(works: Sequence[Any], finish: Callable[[], Any], *, name: str | None = None) -> int:
+    """Register work in flight and the step that completes it (``name``: from
+    :func:`check_name`); returns the new handle."""
     table = _table()
     handle = table.next_id
     table.next_id += 1
-    table.pending[handle] = _Pending(works=[w for w in works if w is not None], finish=finish)
+    table.pending[handle] = _Pending(works=[w for w in works if w is not None], finish=finish,
+                                     name=name)
     return handle
 
 

@@ -9,8 +9,10 @@ and the trailing-underscore variants work in place.
 ``op=hvd.Average`` is a sum followed by a division by the set's size (torch's ``AVG`` exists on
 nccl only), folded into ``postscale_factor`` as Horovod does: integer tensors are averaged
 through float64 and truncated toward zero, like Horovod's. A grouped reduction sends one
-flattened buffer per dtype, not one collective per tensor. ``name=`` is accepted and unused
-(torch matches collectives by order, not by name).
+flattened buffer per dtype, not one collective per tensor. ``name=`` does not match
+collectives across ranks (torch matches them by order, not by name), but as in Horovod an
+``*_async`` op may not reuse the name of a pending one of its kind (``ValueError``, see
+:func:`~accel.horovod.handles.check_name`).
 
 Example:
     >>> import torch
@@ -37,7 +39,7 @@ from ._join_state import begin, done
 from ._plumbing import Scope, needs_grad, on_wire, resolve_op, scale_, scope_of, torch_op
 from .adasum import adasum_reduce
 from .compression import Compression, Compressor
-from .handles import submit, synchronize
+from .handles import check_name, submit, synchronize
 from .process_sets import ProcessSet, global_process_set
 from .reduce_op import Adasum, Average
 
@@ -63,20 +65,21 @@ def _unflatten(tensors: Sequence[torch.Tensor], *, buffers: list[tuple[list[int]
                         target.copy_(part)
                 out[i] = target
             else:
-                out[i] = part.to(target.device)
+                out[i] = part.to(target.device, target.dtype)
     return out
 
 
 # -- allreduce ------------------------------------------------------------------------------
 def _reduce_async(tensors: Sequence[torch.Tensor], *, op: int, prescale_factor: float,
                   postscale_factor: float, process_set: ProcessSet, inplace: bool,
-                  what: str, single: bool = False) -> int:
+                  what: str, single: bool = False, name: str | None = None) -> int:
     """All-reduce ``tensors`` with one collective per dtype; the handle's result is a list
     (the only tensor when ``single``)."""
     scope = scope_of(process_set)
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"hvd.{what} needs tensors, got {type(tensor).__name__}")
+    name = check_name("allreduce", name)
     if op == Adasum:
         result = adasum_reduce(tensors, scope=scope, prescale=prescale_factor,
                                postscale=postscale_factor, what=what)
@@ -85,7 +88,7 @@ def _reduce_async(tensors: Sequence[torch.Tensor], *, op: int, prescale_factor: 
                 for target, value in zip(tensors, result, strict=True):
                     target.copy_(value)
             result = list(tensors)
-        return submit([], (lambda: result[0]) if single else (lambda: result))
+        return submit([], (lambda: result[0]) if single else (lambda: result), name=name)
     post = postscale_factor / scope.size if op == Average else postscale_factor
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
@@ -95,9 +98,10 @@ def _reduce_async(tensors: Sequence[torch.Tensor], *, op: int, prescale_factor: 
     buffers: list[tuple[list[int], torch.Tensor]] = []
     for indices in by_dtype.values():
         if len(indices) == 1:  # no concatenation: the tensor itself (in place) or one copy
-            buf = on_wire(tensors[indices[0]], wire=scope.wire, copy=not inplace).view(-1)
+            buf = on_wire(tensors[indices[0]], wire=scope.wire, copy=not inplace,
+                          dtype=scope.wire_dtype(tensors[indices[0]].dtype)).view(-1)
         else:
-            buf = torch.cat([t.detach().reshape(-1).to(scope.wire)
+            buf = torch.cat([t.detach().reshape(-1).to(scope.wire, scope.wire_dtype(t.dtype))
                              for t in (tensors[i] for i in indices)])
         scale_(buf, prescale_factor)
         if scope.distributed:
@@ -111,7 +115,7 @@ def _reduce_async(tensors: Sequence[torch.Tensor], *, op: int, prescale_factor: 
             scale_(buf, post)
         return _unflatten(tensors, buffers=buffers, inplace=inplace)
 
-    return submit(works, (lambda: finish()[0]) if single else finish)
+    return submit(works, (lambda: finish()[0]) if single else finish, name=name)
 
 
 def _sizes(tensors: Sequence[torch.Tensor],
@@ -129,7 +133,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     op = resolve_op(op, average=average, what="allreduce_async")
     return _reduce_async([tensor], op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor, process_set=process_set,
-                                 inplace=False, what="allreduce_async", single=True)
+                         inplace=False, what="allreduce_async", single=True, name=name)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -140,7 +144,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     op = resolve_op(op, average=average, what="allreduce_async_")
     return _reduce_async([tensor], op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor, process_set=process_set,
-                                 inplace=True, what="allreduce_async_", single=True)
+                         inplace=True, what="allreduce_async_", single=True, name=name)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -244,9 +248,11 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 # -- broadcast ------------------------------------------------------------------------------
 def broadcast_tensors_async(tensors: Sequence[torch.Tensor], *, root_rank: int, scope: Scope,
-                            inplace: bool, what: str, single: bool = False) -> int:
+                            inplace: bool, what: str, single: bool = False,
+                            name: str | None = None) -> int:
     """Broadcast ``tensors`` from ``root_rank`` with one collective per dtype."""
     root = scope.root(root_rank, what)
+    name = check_name("broadcast", name)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_dtype.setdefault(tensor.dtype, []).append(index)
@@ -255,9 +261,11 @@ def broadcast_tensors_async(tensors: Sequence[torch.Tensor], *, root_rank: int, 
     buffers: list[tuple[list[int], torch.Tensor]] = []
     for indices in by_dtype.values():
         if len(indices) == 1:
-            buf = on_wire(tensors[indices[0]], wire=scope.wire, copy=not inplace).view(-1)
+            buf = on_wire(tensors[indices[0]], wire=scope.wire, copy=not inplace,
+                          dtype=scope.wire_dtype(tensors[indices[0]].dtype)).view(-1)
         else:
-            buf = torch.cat([tensors[i].detach().reshape(-1).to(scope.wire) for i in indices])
+            buf = torch.cat([tensors[i].detach().reshape(-1).to(
+                scope.wire, scope.wire_dtype(tensors[i].dtype)) for i in indices])
         if scope.distributed:
             works.append(dist.broadcast(buf, src=root, group=scope.group, async_op=True))
         buffers.append((indices, buf))
@@ -266,23 +274,21 @@ def broadcast_tensors_async(tensors: Sequence[torch.Tensor], *, root_rank: int, 
         done(scope, ticket)
         return _unflatten(tensors, buffers=buffers, inplace=inplace)
 
-    return submit(works, (lambda: finish()[0]) if single else finish)
+    return submit(works, (lambda: finish()[0]) if single else finish, name=name)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start copying ``root_rank``'s ``tensor`` to every rank of the set (into a new tensor)."""
     return broadcast_tensors_async([tensor], root_rank=root_rank, scope=scope_of(process_set),
-                                   inplace=False,
-                                           what="broadcast_async", single=True)
+                                   inplace=False, what="broadcast_async", single=True, name=name)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start copying ``root_rank``'s ``tensor`` into ``tensor`` on every rank of the set."""
     return broadcast_tensors_async([tensor], root_rank=root_rank, scope=scope_of(process_set),
-                                   inplace=True,
-                                           what="broadcast_async_", single=True)
+                                   inplace=True, what="broadcast_async_", single=True, name=name)
 
 
 def _broadcast_copy(tensor: torch.Tensor, root_rank: int,

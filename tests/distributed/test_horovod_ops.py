@@ -245,6 +245,28 @@ def _parameters(rank: int, out: dict[str, Any]) -> None:
                     [t.tolist() for t in state["old_dirs"]], state["d"].tolist())
 
 
+def _int16_and_names(rank: int, out: dict[str, Any]) -> None:
+    """int16 (gloo has no int16 kernels: carried as int32) and Horovod's duplicate names."""
+    import accel.horovod as hvd
+
+    t = torch.tensor([[rank + 1, -(rank + 1)], [10 * rank, 300]], dtype=torch.int16)
+    out["i16"] = [(r.dtype == torch.int16, r.tolist()) for r in (
+        hvd.allreduce(t, op=hvd.Sum), hvd.broadcast(t, 1), hvd.alltoall(t),
+        hvd.reducescatter(t, op=hvd.Sum), hvd.allgather(t))]
+    x = t.clone()
+    hvd.synchronize(hvd.broadcast_async_(x, 0))
+    out["i16_bcast_"] = (x.dtype == torch.int16, x.tolist())
+    first = hvd.allreduce_async(t.float(), name="dup")
+    try:
+        hvd.allreduce_async(t.float(), name="dup")
+        out["dup"] = "no error"
+    except ValueError as exc:
+        out["dup"] = str(exc)
+    out["after_dup"] = hvd.synchronize(first).tolist()  # the first one still completes
+    out["reused"] = hvd.synchronize(hvd.allreduce_async(t.float(), name="dup",
+                                                        op=hvd.Sum)).tolist()
+
+
 def _pair_worker(rank: int) -> dict[str, Any]:
     import accel.horovod as hvd
 
@@ -256,6 +278,7 @@ def _pair_worker(rank: int) -> dict[str, Any]:
     _objects_and_sync(rank, out)
     _parameters(rank, out)
     _with_an_accelerator(rank, out)
+    _int16_and_names(rank, out)
     hvd.shutdown()
     out["group_after_shutdown"] = torch.distributed.is_initialized()
     return out
@@ -366,6 +389,18 @@ def _check_rest(r: dict[str, Any], root_sd: dict[str, Any], root0: dict[str, Any
     assert r["lbfgs"] == root0["lbfgs"] and r["lbfgs"][0] > 1
 
 
+def _check_int16_and_names(r: dict[str, Any]) -> None:
+    rank = r["rank"]
+    rows = [[[1, -1], [0, 300]], [[2, -2], [10, 300]]]
+    summed = [[3, -3], [10, 600]]
+    assert r["i16"] == [(True, summed), (True, rows[1]), (True, [rows[0][rank], rows[1][rank]]),
+                        (True, [summed[rank]]), (True, rows[0] + rows[1])]
+    assert r["i16_bcast_"] == (True, rows[0])
+    assert "'allreduce.dup' is already pending" in r["dup"]
+    assert r["after_dup"] == [[1.5, -1.5], [5.0, 300.0]]
+    assert r["reused"] == [[3.0, -3.0], [10.0, 600.0]]
+
+
 def test_horovod_ops_two_processes() -> None:
     results = run_workers(_pair_worker, 2, timeout=120)
     for rank, r in enumerate(results):
@@ -377,6 +412,7 @@ def test_horovod_ops_two_processes() -> None:
         _check_grouped(r)
         _check_gathers(r)
         _check_rest(r, results[1]["sd"], results[0])
+        _check_int16_and_names(r)
 
 
 def _trio_worker(rank: int) -> dict[str, Any]:

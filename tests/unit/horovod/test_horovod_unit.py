@@ -261,3 +261,43 @@ def test_gradients_in_one_process(session: None) -> None:
     y = torch.ones(2, requires_grad=True)
     (hvd.reducescatter(y, op=hvd.Sum, prescale_factor=2.0) * 1).sum().backward()
     assert y.grad is not None and y.grad.tolist() == [2.0, 2.0]
+
+
+def test_duplicate_pending_names_are_refused(session: None) -> None:
+    t = torch.ones(2)
+    first = hvd.allreduce_async(t, name="dup")
+    with pytest.raises(ValueError, match="'allreduce.dup' is already pending"):
+        hvd.allreduce_async(t, name="dup")
+    with pytest.raises(ValueError, match="already pending"):
+        hvd.allreduce_async_(t, name="dup")
+    other = hvd.broadcast_async(t, 0, name="dup")  # another kind: its own names
+    gathered = hvd.allgather_async(t, name="dup")
+    with pytest.raises(ValueError, match="'broadcast.dup'"):
+        hvd.broadcast_async_(t, 0, name="dup")
+    with pytest.raises(ValueError, match="'allgather.dup'"):
+        hvd.allgather_async(t, name="dup")
+    for handle in (first, other, gathered):
+        hvd.synchronize(handle)
+    hvd.synchronize(hvd.allreduce_async(t, name="dup"))  # free again once synchronized
+    hvd.synchronize(hvd.allreduce_async(t))  # unnamed ones never clash
+    hvd.synchronize(hvd.allreduce_async(t))
+
+
+def test_int16_travels_as_int32_off_nccl() -> None:
+    from accel.horovod._plumbing import on_wire, wire_dtype
+
+    assert wire_dtype(torch.int16, backend="gloo") == torch.int32
+    assert wire_dtype(torch.int16, backend="nccl") == torch.int16
+    assert wire_dtype(torch.float16, backend="gloo") == torch.float16
+    t = torch.tensor([-3, 7], dtype=torch.int16)
+    wired = on_wire(t, wire=torch.device("cpu"), copy=False, dtype=torch.int32)
+    assert wired.dtype == torch.int32 and wired.tolist() == [-3, 7]
+    assert on_wire(t, wire=torch.device("cpu"), copy=False).data_ptr() == t.data_ptr()
+
+
+def test_int16_collectives_keep_their_dtype(session: None) -> None:
+    t = torch.tensor([[1, -2]], dtype=torch.int16)
+    for result in (hvd.allreduce(t, op=hvd.Sum), hvd.broadcast(t, 0), hvd.alltoall(t),
+                   hvd.reducescatter(t, op=hvd.Sum)):
+        assert result.dtype == torch.int16 and result.tolist() == [[1, -2]]
+    assert hvd.broadcast_(t.clone(), 0).dtype == torch.int16
