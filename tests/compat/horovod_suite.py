@@ -440,10 +440,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_known:
         path = KNOWN_GITHUB if args.source else KNOWN
         before = json.loads(path.read_text()) if path.exists() else {}
-        # a departure keeps its written reason while the test still does not pass
-        known = {k: before[k] if str(before.get(k, "")).startswith("departure:") else v
+        # a departure keeps its written reason while the test still does not pass; an
+        # unstable test stays listed (it may pass this time)
+        kept = ("departure:", "unstable:")
+        known = {k: before[k] if str(before.get(k, "")).startswith(kept) else v
                  for k, v in results.items()
-                 if v != "passed" and not (v.startswith("skipped") and CPU_SKIPS.search(v))}
+                 if (v != "passed" or str(before.get(k, "")).startswith("unstable:"))
+                 and not (v.startswith("skipped") and CPU_SKIPS.search(v))}
         path.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
     return 0
 

@@ -4,7 +4,8 @@ their imports swapped to ``accel.horovod``, on 2 processes under ``accel launch`
 :mod:`tests.compat.horovod_suite` fetches the pinned sdist, ports the file and runs it. Every
 test must pass on both ranks (or skip for a reason Horovod's own CPU runs skip it for: no GPU,
 NCCL, MPI...), except those in ``horovod_suite_known.json``, each with the cause it fails for
-(``departure:`` marks a deliberate difference). Regenerate with ``python -m
+(``departure:`` marks a deliberate difference; ``unstable:`` a test whose outcome depends on
+timing, which may pass). Regenerate with ``python -m
 tests.compat.horovod_suite --write-known`` after fixing causes; a listed test that starts to
 pass fails this test too, so the list only shrinks and stays true.
 """
@@ -48,7 +49,9 @@ def test_horovod_suite_passes_under_accel_but_for_the_known_causes() -> None:
               if name not in passed | cpu_skips | set(known)}
     assert not broken, ("these tests of Horovod's test_torch.py fail under accel.horovod and "
                         f"are not in {KNOWN.name}:\n{json.dumps(broken, indent=1)}")
-    fixed = sorted(set(known) & passed)
+    # "unstable:" entries pass or fail with the machine's timing (their reason says why)
+    fixed = sorted(name for name in set(known) & passed
+                   if not known[name].startswith("unstable:"))
     assert not fixed, (f"these now pass: delete them from {KNOWN.name} (python -m "
                        "tests.compat.horovod_suite --write-known):\n" + "\n".join(fixed))
     stale = sorted(set(known) - set(results))
