@@ -52,7 +52,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections import Counter
@@ -60,7 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.compat.suite import _CACHE, ROOT, _sha256
+from tests.compat.suite import _CACHE, ROOT, fetch_sdist
 
 __all__ = ["KNOWN", "KNOWN_GITHUB", "SHA256", "VERSION", "port_source", "run_suite", "source_file"]
 
@@ -79,36 +78,12 @@ CPU_SKIPS = re.compile(r"GPU|CUDA|NCCL|CCL|MPI|ROCm|XLA|[Mm]ac|not supported on 
 
 
 def source_file() -> Path:
-    """``test/test_torch.py`` of the pinned sdist, fetched and verified on first use.
-
-    Raises:
-        RuntimeError: pip could not fetch it, or its sha256 is not the pinned one.
+    """``test/test_torch.py`` of the pinned horovod sdist (with ``test_adasum_pytorch.py`` and
+    ``LICENSE``), fetched and verified on first use (see :func:`tests.compat.suite.fetch_sdist`).
     """
-    dest = _CACHE / f"horovod-{VERSION}"
-    if (dest / "test" / "test_torch.py").is_file():
-        return dest / "test" / "test_torch.py"
-    _CACHE.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=_CACHE) as tmp:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             f"horovod=={VERSION}", "-d", tmp], capture_output=True, text=True, timeout=300)
-        sdist = Path(tmp) / f"horovod-{VERSION}.tar.gz"
-        if done.returncode != 0 or not sdist.is_file():
-            raise RuntimeError(f"could not fetch the horovod {VERSION} sdist from the package "
-                               f"index (pip download exited {done.returncode}): "
-                               f"{done.stderr[-400:]}; set ACCEL_COMPAT_CACHE to a directory "
-                               f"that holds horovod-{VERSION}/test/test_torch.py")
-        if _sha256(sdist) != SHA256:
-            raise RuntimeError(f"{sdist.name} has sha256 {_sha256(sdist)}, not the pinned "
-                               f"{SHA256}: refusing to run it")
-        staged = Path(tmp) / "unpacked"
-        top = f"horovod-{VERSION}/"
-        with tarfile.open(sdist) as archive:
-            members = [m for m in archive.getmembers() if m.isfile() and m.name in (
-                top + "test/test_torch.py", top + "test/test_adasum_pytorch.py", top + "LICENSE")]
-            archive.extractall(staged, members=members, filter="data")
-        (staged / f"horovod-{VERSION}").rename(dest)
-    return dest / "test" / "test_torch.py"
+    kept = ("test/test_torch.py", "test/test_adasum_pytorch.py", "LICENSE")
+    return fetch_sdist("horovod", version=VERSION, sha256=SHA256, keep=kept.__contains__,
+                       ready=kept[0]) / kept[0]
 
 
 _SWAPS = (

@@ -36,7 +36,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 __all__ = ["BASELINE", "KNOWN", "SHA256", "VERSION", "port_file", "port_source", "run_suite",
@@ -60,38 +60,47 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def source_dir() -> Path:
-    """The unpacked sdist (its ``tests/`` and ``LICENSE``), fetched and verified on first use.
+def fetch_sdist(package: str, *, version: str, sha256: str, keep: Callable[[str], bool],
+                ready: str) -> Path:
+    """``<cache>/<package>-<version>``: the members of the pinned sdist that ``keep`` accepts
+    (paths relative to the sdist's top folder), fetched by pip and verified on first use;
+    ``ready`` is a member whose presence means an earlier call already did it.
 
     Raises:
         RuntimeError: pip could not fetch it, or its sha256 is not the pinned one.
     """
-    dest = _CACHE / f"accelerate-{VERSION}"
-    if (dest / "tests").is_dir():
+    dest = _CACHE / f"{package}-{version}"
+    if (dest / ready).exists():
         return dest
     _CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=_CACHE) as tmp:
         done = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             f"accelerate=={VERSION}", "-d", tmp], capture_output=True, text=True, timeout=300)
-        sdist = Path(tmp) / f"accelerate-{VERSION}.tar.gz"
+             f"{package}=={version}", "-d", tmp], capture_output=True, text=True, timeout=300)
+        sdist = Path(tmp) / f"{package}-{version}.tar.gz"
         if done.returncode != 0 or not sdist.is_file():
-            raise RuntimeError(f"could not fetch the accelerate {VERSION} sdist from the package "
+            raise RuntimeError(f"could not fetch the {package} {version} sdist from the package "
                                f"index (pip download exited {done.returncode}): "
                                f"{done.stderr[-400:]}; set ACCEL_COMPAT_CACHE to a directory "
-                               f"that holds accelerate-{VERSION}/tests")
-        if _sha256(sdist) != SHA256:
+                               f"that holds {package}-{version}/{ready}")
+        if _sha256(sdist) != sha256:
             raise RuntimeError(f"{sdist.name} has sha256 {_sha256(sdist)}, not the pinned "
-                               f"{SHA256}: refusing to run it")
+                               f"{sha256}: refusing to run it")
         staged = Path(tmp) / "unpacked"
+        top = f"{package}-{version}/"
         with tarfile.open(sdist) as archive:
-            top = f"accelerate-{VERSION}/"
-            members = [m for m in archive.getmembers() if m.isfile() and (
-                re.fullmatch(re.escape(top) + r"tests/[^/]+\.py", m.name)
-                or m.name == top + "LICENSE")]
+            members = [m for m in archive.getmembers() if m.isfile()
+                       and m.name.startswith(top) and keep(m.name[len(top):])]
             archive.extractall(staged, members=members, filter="data")
-        (staged / f"accelerate-{VERSION}").rename(dest)
+        (staged / f"{package}-{version}").rename(dest)
     return dest
+
+
+def source_dir() -> Path:
+    """The unpacked accelerate sdist (its ``tests/*.py`` and ``LICENSE``)."""
+    return fetch_sdist("accelerate", version=VERSION, sha256=SHA256, ready="tests",
+                       keep=lambda name: name == "LICENSE"
+                       or re.fullmatch(r"tests/[^/]+\.py", name) is not None)
 
 
 _FROM = re.compile(r"^(\s*)from accelerate((?:\.\w+)*) import ")
