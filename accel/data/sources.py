@@ -324,11 +324,15 @@ class IterableSource(_Source):
         self.batch_size = chunk
         self.total_batch_size = None if nominal is None else (nominal if self.split
                                                               else nominal * world)
-        collate = CountingCollate(loader.collate_fn, self.batched)
-        self.loader = rebuild_loader(loader, in_order=True, batch_size=chunk, collate_fn=collate,
-                                     drop_last=loader.drop_last and not self.split,
-                                     generator=self.generator)
         self.epoch_targets = [loader.dataset] if hasattr(loader.dataset, "set_epoch") else []
+        self.loader = self._reader(loader)
+
+    def _reader(self, loader: DataLoader[Any]) -> DataLoader[Any]:
+        """The loader this source reads ``(chunk, samples)`` pairs from, in stream order."""
+        return rebuild_loader(loader, in_order=True, batch_size=self.chunk,
+                              collate_fn=CountingCollate(loader.collate_fn, self.batched),
+                              drop_last=loader.drop_last and not self.split,
+                              generator=self.generator)
 
     def steps(self, epoch: int, skip: int) -> Iterator[Pair]:
         del epoch  # the dataset's own set_epoch has been called
@@ -405,14 +409,15 @@ class DispatchSource(IterableSource):
 
     def __init__(self, loader: DataLoader[Any], *, rank: int, world: int, even: bool,
                  split: bool, seed: int, share: Callable[[Any], Any] | None) -> None:
+        #: a map-style loader's sampler or batch sampler (set by ``_reader``), else ``None``
+        self.sampler: Any = None
         super().__init__(loader, rank=rank, world=world, even=even, split=split, seed=seed)
         #: ``share(obj)`` is rank 0's ``obj`` on every rank (``None``: one process)
         self.share = share
-        self.sampler: Any = None
-        if not isinstance(loader.dataset, IterableDataset):
-            self.loader = self._map_loader(loader, seed=seed)
 
-    def _map_loader(self, loader: DataLoader[Any], *, seed: int) -> DataLoader[Any]:
+    def _reader(self, loader: DataLoader[Any]) -> DataLoader[Any]:
+        if isinstance(loader.dataset, IterableDataset):
+            return super()._reader(loader)
         if loader.batch_size is None:  # the user's batch sampler: each of its batches is a chunk
             self.sampler = given_batch_sampler(loader)
             inner = getattr(self.sampler, "sampler", None)
@@ -420,7 +425,7 @@ class DispatchSource(IterableSource):
             return rebuild_loader(loader, in_order=True, batch_sampler=self.sampler,
                                   collate_fn=CountingCollate(loader.collate_fn, False),
                                   generator=self.generator)
-        self.sampler = _seedable(loader.sampler, seed)
+        self.sampler = _seedable(loader.sampler, self.seed)
         if self.sampler is not loader.sampler:
             self.seeded.append(self.sampler)
         self.epoch_targets = [self.sampler] if hasattr(self.sampler, "set_epoch") else []
