@@ -120,8 +120,7 @@ def test_the_public_exceptions_are_public() -> None:
     reachable |= {id(getattr(accel.ps, name)) for name in accel.ps.__all__}
     for path in PATHS:
         module = importlib.import_module(path)
-        reachable |= {id(getattr(module, name)) for name in names(path)
-                      if name.endswith("Config")}
+        reachable |= {id(getattr(module, name)) for name in names(path)}
     for name in PUBLIC:
         module, cls = name.split(":")
         obj = getattr(importlib.import_module(module), cls)
